@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Everything the GPU machine has to show, in one call on a bare machine:
+# configure against its python3 torch and NCCL, build, run the GPU tests,
+# the smoke job and the benchmarks. Logs and results go to the directory given.
+#   bash cmake/scripts/gpu_check.sh OUT_DIR
+set -uo pipefail
+out=${1:?usage: gpu_check.sh OUT_DIR}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+export DDP_GIT_COMMIT=${DDP_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+status=0
+step() {  # step NAME COMMAND...: runs, logs to OUT/NAME.log, remembers failure
+  local name=$1; shift
+  echo "== $name: $*"
+  "$@" > >(tee "$out/$name.log") 2>&1 || { echo "!! $name failed"; status=1; }
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpus.csv" 2>&1
+echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-<unset>} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-<unset>}"
+step configure bash cmake/scripts/configure.sh python build/gpu
+step build cmake --build build/gpu -j "$(nproc)"
+step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure
+step smoke build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/smoke/collectives_smoke
+step allreduce build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/allreduce/allreduce_bench \
+  --json "$out/allreduce.json" --markdown "$out/allreduce.md"
+echo "== gpu_check: $([[ $status == 0 ]] && echo all steps passed || echo some steps FAILED)"
+exit $status

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+
+#include <torch/arg.h>
+
+#include <ddp/communicator.h>
+#include <ddp/environment.h>
+
+namespace ddp {
+
+/// How init() joins the job. Chained setters, as in the LibTorch frontend:
+///   ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
+struct InitOptions {
+  /// Unset: the DDP_BACKEND variable ("nccl"/"gloo"), else NCCL when a GPU is
+  /// visible and libddp has NCCL, else Gloo.
+  TORCH_ARG(std::optional<Backend>, backend) = std::nullopt;
+  /// Deadline of every collective.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
+  /// How long rank 0 waits for the others to connect, and they for rank 0.
+  TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = std::chrono::minutes(5);
+};
+
+/// Membership of this process in a job: its coordinates, its device and the
+/// communicator that reaches every rank.
+class ProcessGroup {
+ public:
+  struct State;
+  explicit ProcessGroup(std::shared_ptr<State> state);
+  ~ProcessGroup();
+
+  const Environment& environment() const;
+  int rank() const { return environment().rank; }
+  int world_size() const { return environment().world_size; }
+  int local_rank() const { return environment().local_rank; }
+  Backend backend() const { return communicator().backend(); }
+  /// cuda:LOCAL_RANK with NCCL (the process's current device), cpu with Gloo.
+  c10::Device device() const { return communicator().device(); }
+  Communicator& communicator() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+/// Joins the job described by the environment (see Environment): validates it,
+/// meets the other ranks through a TCP store at MASTER_ADDR:MASTER_PORT,
+/// picks the backend, binds the process to cuda:LOCAL_RANK when it uses NCCL,
+/// and returns the process group. Throws UsageError for a bad environment or
+/// options, and Error when the rendezvous fails or times out.
+std::shared_ptr<ProcessGroup> init(const InitOptions& options = {});
+
+}  // namespace ddp

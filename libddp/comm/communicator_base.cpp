@@ -1,0 +1,350 @@
+#include "comm/communicator_base.h"
+
+#include <algorithm>
+#include <iostream>
+#include <vector>
+
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+
+#include <ddp/errors.h>
+
+namespace ddp::detail {
+namespace {
+
+// How often the watchdog looks at the collectives in flight. Bounds how late a
+// timeout is noticed when no thread waits, and how stale published progress is.
+constexpr std::chrono::milliseconds kWatchdogInterval{100};
+
+/// Stands for a collective with nothing to move (zero elements): done at once.
+class CompletedOp final : public BackendOp {
+ public:
+  bool poll() override { return true; }
+  bool order_current_stream() override { return true; }
+};
+
+std::string describe_tensor(const at::Tensor& tensor) {
+  return fmt::format("{} x {} on {}", tensor.numel(), c10::toString(tensor.scalar_type()), tensor.device().str());
+}
+
+CollectiveError make_error(const CollectiveWork& work, std::string message, int rank) {
+  return CollectiveError(std::move(message), work.op(), work.sequence(), rank);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- CollectiveWork
+
+CollectiveWork::CollectiveWork(std::weak_ptr<CommunicatorBase> owner, std::uint64_t sequence, std::string op,
+                               std::string detail, Clock::time_point deadline,
+                               std::unique_ptr<BackendOp> backend_op)
+    : owner_(std::move(owner)),
+      sequence_(sequence),
+      op_(std::move(op)),
+      detail_(std::move(detail)),
+      deadline_(deadline),
+      backend_op_(std::move(backend_op)) {}
+
+CollectiveWork::Status CollectiveWork::refresh() {
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (status_ != Status::kPending) return status_;
+    try {
+      if (backend_op_->poll()) status_ = Status::kDone;
+      return status_;
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  if (auto owner = owner_.lock()) {
+    owner->fail(*this, CommunicatorBase::Failure::kBackendError, failure);
+  } else {
+    mark_failed(std::make_exception_ptr(CollectiveError(
+        fmt::format("libddp: {} #{} ({}) failed: {}", op_, sequence_, detail_, failure), op_, sequence_, -1)));
+  }
+  return Status::kFailed;
+}
+
+void CollectiveWork::mark_failed(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (status_ != Status::kPending) return;
+  status_ = Status::kFailed;
+  error_ = std::move(error);
+}
+
+void CollectiveWork::rethrow_if_failed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (status_ == Status::kFailed) std::rethrow_exception(error_);
+}
+
+void CollectiveWork::wait() {
+  // Poll with a growing pause: a collective that is about to finish costs
+  // microseconds, one that takes long costs no CPU.
+  std::chrono::microseconds pause{1};
+  for (;;) {
+    const Status status = refresh();
+    if (status == Status::kDone) return;
+    if (status == Status::kFailed) rethrow_if_failed();
+    if (Clock::now() >= deadline_) {
+      if (auto owner = owner_.lock()) {
+        owner->fail(*this, CommunicatorBase::Failure::kTimeout, "");
+      } else {
+        mark_failed(std::make_exception_ptr(CollectiveError(
+            fmt::format("libddp: {} #{} ({}) timed out after its communicator was destroyed", op_, sequence_,
+                        detail_),
+            op_, sequence_, -1)));
+      }
+      rethrow_if_failed();
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+void CollectiveWork::wait_stream() {
+  rethrow_if_failed();
+  if (!backend_op_->order_current_stream()) wait();
+}
+
+bool CollectiveWork::is_completed() { return refresh() != Status::kPending; }
+
+CollectiveWork::Status CollectiveWork::status() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return status_;
+}
+
+// ---------------------------------------------------------------- CommunicatorBase
+
+CommunicatorBase::CommunicatorBase(Setup setup)
+    : rank_(setup.rank),
+      world_size_(setup.world_size),
+      timeout_(setup.timeout),
+      board_(setup.store, "ddp/progress/" + setup.name + "/", setup.rank, setup.world_size) {}
+
+CommunicatorBase::~CommunicatorBase() { stop_watchdog(); }
+
+void CommunicatorBase::check_tensor(const at::Tensor& tensor, const char* op, const char* role) const {
+  if (!tensor.defined()) {
+    throw UsageError(fmt::format("libddp: {}: the {} tensor is undefined", op, role));
+  }
+  if (tensor.device() != device()) {
+    throw UsageError(fmt::format("libddp: {}: the {} tensor is on {}, but this {} communicator works on {}; move "
+                                 "it with .to(process_group->device())",
+                                 op, role, tensor.device().str(), to_string(backend()), device().str()));
+  }
+  if (!tensor.is_contiguous()) {
+    throw UsageError(
+        fmt::format("libddp: {}: the {} tensor is not contiguous; pass tensor.contiguous()", op, role));
+  }
+}
+
+std::shared_ptr<Work> CommunicatorBase::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  check_tensor(tensor, "all_reduce", "input");
+  if (op == ReduceOp::kAvg && !at::isFloatingType(tensor.scalar_type())) {
+    throw UsageError(fmt::format("libddp: all_reduce: avg needs a floating-point tensor, got {}; use sum and "
+                                 "divide, or convert the tensor",
+                                 c10::toString(tensor.scalar_type())));
+  }
+  return issue("all_reduce", fmt::format("{}, {}", to_string(op), describe_tensor(tensor)),
+               [&](Clock::time_point deadline) {
+                 return tensor.numel() == 0 ? nullptr : launch_all_reduce(tensor, op, deadline);
+               });
+}
+
+std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "input");
+  if (root < 0 || root >= world_size_) {
+    throw UsageError(fmt::format("libddp: broadcast: root {} is not a rank of this job (0..{})", root,
+                                 world_size_ - 1));
+  }
+  return issue("broadcast", fmt::format("root {}, {}", root, describe_tensor(tensor)),
+               [&](Clock::time_point deadline) {
+                 return tensor.numel() == 0 ? nullptr : launch_broadcast(tensor, root, deadline);
+               });
+}
+
+std::shared_ptr<Work> CommunicatorBase::all_gather(const at::Tensor& output, const at::Tensor& input) {
+  check_tensor(input, "all_gather", "input");
+  check_tensor(output, "all_gather", "output");
+  if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * world_size_) {
+    throw UsageError(fmt::format("libddp: all_gather: the output must hold world_size ({}) x {} elements of {}, "
+                                 "got {} elements of {}",
+                                 world_size_, input.numel(), c10::toString(input.scalar_type()), output.numel(),
+                                 c10::toString(output.scalar_type())));
+  }
+  return issue("all_gather", describe_tensor(input),
+               [&](Clock::time_point deadline) {
+                 return input.numel() == 0 ? nullptr : launch_all_gather(output, input, deadline);
+               });
+}
+
+void CommunicatorBase::barrier() {
+  auto token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device()));
+  issue("barrier", "1 element", [&](Clock::time_point deadline) {
+    return launch_all_reduce(token, ReduceOp::kSum, deadline);
+  })->wait();
+}
+
+std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail, const Launch& launch) {
+  std::uint64_t sequence = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty()) {
+      throw CollectiveError(fmt::format("libddp: {} called on rank {} after this communicator failed; it is "
+                                        "unusable. The first failure was:\n{}",
+                                        op, rank_, broken_),
+                            op, progress_.issued + 1, rank_);
+    }
+    sequence = ++progress_.issued;
+    progress_.issued_op = op;
+  }
+  const Clock::time_point deadline = Clock::now() + timeout_;
+
+  std::unique_ptr<BackendOp> backend_op;
+  std::optional<Failure> launch_failure;
+  std::string launch_message;
+  {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    try {
+      backend_op = launch(deadline);
+    } catch (const LaunchTimeout& e) {
+      launch_failure = Failure::kTimeout;
+    } catch (const std::exception& e) {
+      launch_failure = Failure::kBackendError;
+      launch_message = e.what();
+    }
+  }
+  auto work = std::make_shared<CollectiveWork>(weak_from_this(), sequence, op, std::move(detail), deadline,
+                                               backend_op ? std::move(backend_op) : std::make_unique<CompletedOp>());
+  if (launch_failure) {
+    fail(*work, *launch_failure, launch_message);
+    work->rethrow_if_failed();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_.push_back(work);
+  }
+  return work;
+}
+
+std::string CommunicatorBase::describe_failure(const CollectiveWork& work, Failure kind,
+                                               const std::string& what) const {
+  const std::string headline =
+      kind == Failure::kTimeout
+          ? fmt::format("libddp: {} #{} ({}) timed out after {} ms on rank {} of {}.", work.op(), work.sequence(),
+                        work.detail(), timeout_.count(), rank_, world_size_)
+          : fmt::format("libddp: {} #{} ({}) failed on rank {} of {}: {}", work.op(), work.sequence(),
+                        work.detail(), rank_, world_size_, what);
+  return fmt::format(
+      "{}\nProgress of the other ranks:{}\nEvery rank must issue the same collectives in the same order. Look at "
+      "the output of the ranks named above; if the work between two collectives legitimately takes longer than "
+      "the timeout, raise it with ddp::InitOptions().timeout(...).",
+      headline, board_.describe_peers(work.sequence(), work.op(), kind == Failure::kTimeout));
+}
+
+void CommunicatorBase::fail(CollectiveWork& work, Failure kind, const std::string& what, bool from_watchdog) {
+  bool first = false;
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    first = broken_.empty();
+  }
+  if (first) message = describe_failure(work, kind, what);
+
+  std::deque<std::shared_ptr<CollectiveWork>> others;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_.empty()) {
+      first = false;
+      message = fmt::format("libddp: {} #{} ({}) on rank {} was abandoned because the communicator failed "
+                            "earlier:\n{}",
+                            work.op(), work.sequence(), work.detail(), rank_, broken_);
+    } else {
+      broken_ = message;
+      others.swap(pending_);
+    }
+  }
+  work.mark_failed(std::make_exception_ptr(make_error(work, message, rank_)));
+  if (!first) return;
+
+  if (from_watchdog) std::cerr << message << std::endl;
+  {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    abort();
+  }
+  for (auto& other : others) {
+    if (other.get() == &work) continue;
+    other->mark_failed(std::make_exception_ptr(make_error(
+        *other,
+        fmt::format("libddp: {} #{} ({}) on rank {} was abandoned because {} #{} failed:\n{}", other->op(),
+                    other->sequence(), other->detail(), rank_, work.op(), work.sequence(), message),
+        rank_)));
+  }
+}
+
+void CommunicatorBase::start_watchdog() { watchdog_ = std::thread([this] { watchdog_loop(); }); }
+
+void CommunicatorBase::stop_watchdog() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(watchdog_mutex_);
+    watchdog_stop_ = true;
+  }
+  watchdog_wakeup_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+void CommunicatorBase::watchdog_loop() {
+  Progress published;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(watchdog_mutex_);
+      if (watchdog_wakeup_.wait_for(lock, kWatchdogInterval, [this] { return watchdog_stop_; })) return;
+    }
+    settle_pending();
+    Progress now;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      now = progress_;
+    }
+    if (!(now == published)) {
+      board_.publish(now);
+      published = now;
+    }
+  }
+}
+
+void CommunicatorBase::settle_pending() {
+  std::vector<std::shared_ptr<CollectiveWork>> snapshot;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    snapshot.assign(pending_.begin(), pending_.end());
+  }
+  std::string async_error;
+  if (!snapshot.empty()) {
+    std::lock_guard<std::mutex> lock(launch_mutex_);
+    async_error = poll_async_error();
+  }
+  for (auto& work : snapshot) {
+    CollectiveWork::Status status = work->refresh();
+    if (status == CollectiveWork::Status::kPending) {
+      if (!async_error.empty()) {
+        fail(*work, Failure::kBackendError, async_error, /*from_watchdog=*/true);
+      } else if (Clock::now() >= work->deadline()) {
+        fail(*work, Failure::kTimeout, "", /*from_watchdog=*/true);
+      }
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Collectives of one communicator finish in issue order, so the settled
+  // prefix of the queue is what has completed.
+  while (!pending_.empty() && pending_.front()->status() != CollectiveWork::Status::kPending) {
+    if (pending_.front()->status() == CollectiveWork::Status::kDone) {
+      progress_.completed = pending_.front()->sequence();
+      progress_.completed_op = pending_.front()->op();
+    }
+    pending_.pop_front();
+  }
+}
+
+}  // namespace ddp::detail

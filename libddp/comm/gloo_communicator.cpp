@@ -1,0 +1,122 @@
+// Gloo backend: CPU tensors, carried by LibTorch's c10d::ProcessGroupGloo.
+
+#include <cstdlib>
+#include <functional>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "comm/backends.h"
+#include "compat/torch_compat.h"
+
+namespace ddp::detail {
+namespace {
+
+class GlooOp final : public BackendOp {
+ public:
+  GlooOp(c10::intrusive_ptr<c10d::Work> work, std::function<void()> on_success)
+      : work_(std::move(work)), on_success_(std::move(on_success)) {}
+
+  bool poll() override {
+    if (!work_->isCompleted()) return false;
+    if (!work_->isSuccess()) std::rethrow_exception(work_->exception());
+    if (on_success_) {
+      on_success_();
+      on_success_ = nullptr;
+    }
+    return true;
+  }
+
+  bool order_current_stream() override { return false; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> on_success_;  // finishes what Gloo cannot do itself
+};
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  // Gloo has no average: ranks divide before summing (see launch_all_reduce).
+  return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+}
+
+/// Gloo ops run on the CPU. Without GLOO_SOCKET_IFNAME, c10d picks the
+/// interface that the host name resolves to and falls back to loopback.
+std::shared_ptr<::gloo::transport::Device> make_device() {
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+class GlooCommunicator final : public CommunicatorBase {
+ public:
+  explicit GlooCommunicator(Setup setup) : CommunicatorBase(setup) {
+    auto options = c10d::ProcessGroupGloo::Options::create(setup.timeout);
+    options->devices.push_back(make_device());
+    auto store = c10::make_intrusive<c10d::PrefixStore>("ddp/gloo/" + setup.name, setup.store);
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, setup.rank, setup.world_size, options);
+    start_watchdog();
+  }
+
+  ~GlooCommunicator() override { stop_watchdog(); }
+
+  Backend backend() const override { return Backend::kGloo; }
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+
+ protected:
+  std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op, Clock::time_point) override {
+    // Gloo reduces in the tensor's own dtype; bf16/fp16 sums keep few bits,
+    // so 16-bit tensors are reduced in fp32 and copied back.
+    at::Tensor buffer = is_16_bit(tensor) ? tensor.to(at::kFloat) : tensor;
+    if (op == ReduceOp::kAvg) buffer.div_(world_size());
+    std::vector<at::Tensor> tensors{buffer};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    auto work = group_->allreduce(tensors, options);
+    std::function<void()> copy_back;
+    if (!buffer.is_same(tensor)) copy_back = [tensor, buffer]() mutable { tensor.copy_(buffer); };
+    return std::make_unique<GlooOp>(std::move(work), std::move(copy_back));
+  }
+
+  std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root, Clock::time_point) override {
+    std::vector<at::Tensor> tensors{as_bits(tensor)};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    return std::make_unique<GlooOp>(group_->broadcast(tensors, options), nullptr);
+  }
+
+  std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input,
+                                               Clock::time_point) override {
+    // Gloo gathers into one tensor per rank; views of `output` make that the flat result.
+    std::vector<std::vector<at::Tensor>> outputs{as_bits(output).view({-1}).chunk(world_size())};
+    std::vector<at::Tensor> inputs{as_bits(input)};
+    return std::make_unique<GlooOp>(group_->allgather(outputs, inputs), nullptr);
+  }
+
+  void abort() noexcept override {
+    // Gloo fails every pending operation itself once a peer is gone or its
+    // timeout passes; there is nothing to cancel from here.
+  }
+
+ private:
+  static bool is_16_bit(const at::Tensor& tensor) {
+    return tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf;
+  }
+
+  /// Copies move bits, not numbers: bf16, which older Gloo cannot carry,
+  /// travels as a same-width fp16 view of the same memory.
+  static at::Tensor as_bits(const at::Tensor& tensor) {
+    return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_gloo_communicator(CommunicatorBase::Setup setup) {
+  return std::make_shared<GlooCommunicator>(std::move(setup));
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,232 @@
+// NCCL backend: CUDA tensors, one communicator per process and device.
+//
+// Collectives run on the communicator's own stream. Each launch makes that
+// stream wait for an event recorded on the caller's current stream, so the
+// collective sees everything queued before it, and records a completion event
+// that callers order their stream on (Work::wait_stream) or that the host
+// polls (Work::wait, the watchdog). The host never synchronises the device.
+//
+// The communicator is non-blocking (ncclConfig_t::blocking = 0): no NCCL call
+// can hang the calling thread, and a timed-out collective is cancelled with
+// ncclCommAbort, which makes its kernels return.
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <ddp/errors.h>
+
+#include "comm/backends.h"
+#include "comm/cuda_check.h"
+#include "compat/torch_compat.h"
+
+namespace ddp::detail {
+namespace {
+
+ncclDataType_t to_nccl(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return ncclFloat32;
+    case at::kDouble: return ncclFloat64;
+    case at::kHalf: return ncclFloat16;
+    case at::kBFloat16: return ncclBfloat16;
+    case at::kInt: return ncclInt32;
+    case at::kLong: return ncclInt64;
+    case at::kChar: return ncclInt8;
+    case at::kByte: return ncclUint8;
+    case at::kBool: return ncclUint8;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+    case at::kFloat8_e4m3fn: return ncclFloat8e4m3;
+    case at::kFloat8_e5m2: return ncclFloat8e5m2;
+#endif
+    default:
+      throw UsageError(fmt::format("libddp: NCCL cannot carry tensors of dtype {}", c10::toString(type)));
+  }
+}
+
+ncclRedOp_t to_nccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kAvg: return ncclAvg;
+    case ReduceOp::kMax: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class NcclOp final : public BackendOp {
+ public:
+  bool poll() override { return done.query(); }
+  bool order_current_stream() override {
+    done.block(c10::cuda::getCurrentCUDAStream(device_index));
+    return true;
+  }
+
+  c10::DeviceIndex device_index = 0;
+  at::cuda::CUDAEvent done;
+};
+
+class NcclCommunicator final : public CommunicatorBase {
+ public:
+  NcclCommunicator(Setup setup, int device_index)
+      : CommunicatorBase(setup),
+        device_index_(static_cast<c10::DeviceIndex>(device_index)),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_index_)) {
+    c10::cuda::CUDAGuard guard(device_index_);
+    const ncclUniqueId id = exchange_unique_id(*setup.store, "ddp/nccl/" + setup.name + "/unique_id");
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    DDP_NCCL_CHECK(ncclCommInitRankConfig(&comm_, setup.world_size, id, setup.rank, &config), nullptr);
+    try {
+      wait_while_in_progress(Clock::now() + setup.timeout, "ncclCommInitRankConfig");
+    } catch (const std::exception& e) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw Error(fmt::format(
+          "libddp: rank {} could not set up its NCCL communicator on cuda:{}: {}. All {} ranks must start and "
+          "reach ddp::init(); look at the output of the other ranks.",
+          setup.rank, device_index, e.what(), setup.world_size));
+    }
+    start_watchdog();
+  }
+
+  ~NcclCommunicator() override {
+    stop_watchdog();
+    if (comm_ != nullptr) release();
+  }
+
+  Backend backend() const override { return Backend::kNccl; }
+  c10::Device device() const override { return c10::Device(c10::kCUDA, device_index_); }
+
+ protected:
+  std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op,
+                                               Clock::time_point deadline) override {
+    return launch({tensor}, deadline, "ncclAllReduce", [&](cudaStream_t stream) {
+      return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), to_nccl(tensor.scalar_type()),
+                           to_nccl(op), comm_, stream);
+    });
+  }
+
+  std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root,
+                                              Clock::time_point deadline) override {
+    return launch({tensor}, deadline, "ncclBroadcast", [&](cudaStream_t stream) {
+      return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), to_nccl(tensor.scalar_type()),
+                           root, comm_, stream);
+    });
+  }
+
+  std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input,
+                                               Clock::time_point deadline) override {
+    return launch({output, input}, deadline, "ncclAllGather", [&](cudaStream_t stream) {
+      return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), to_nccl(input.scalar_type()), comm_,
+                           stream);
+    });
+  }
+
+  void abort() noexcept override {
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  std::string poll_async_error() override {
+    if (comm_ == nullptr) return {};
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return "ncclCommGetAsyncError failed";
+    if (state == ncclSuccess || state == ncclInProgress) return {};
+    const char* last = ncclGetLastError(comm_);
+    return fmt::format("NCCL reported an asynchronous error: {}{}", ncclGetErrorString(state),
+                       last != nullptr && *last != '\0' ? fmt::format(" ({})", last) : "");
+  }
+
+ private:
+  template <typename Call>
+  std::unique_ptr<BackendOp> launch(std::initializer_list<at::Tensor> tensors, Clock::time_point deadline,
+                                    const char* name, Call&& call) {
+    c10::cuda::CUDAGuard guard(device_index_);
+    auto op = std::make_unique<NcclOp>();
+    op->device_index = device_index_;
+    at::cuda::CUDAEvent ready;
+    ready.record(c10::cuda::getCurrentCUDAStream(device_index_));
+    ready.block(stream_);
+    // The caller may free these tensors before the collective ends; the
+    // caching allocator must not hand their memory out until our stream is done.
+    for (const at::Tensor& tensor : tensors) {
+      c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), stream_);
+    }
+    check_nccl(call(stream_.stream()), name, comm_);
+    wait_while_in_progress(deadline, name);
+    op->done.record(stream_);
+    return op;
+  }
+
+  /// Non-blocking NCCL calls may return before the operation is queued; poll
+  /// until it is, or until the deadline.
+  void wait_while_in_progress(Clock::time_point deadline, const char* call) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      DDP_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) check_nccl(state, call, comm_);
+      if (Clock::now() >= deadline) throw LaunchTimeout();
+      std::this_thread::yield();
+    }
+  }
+
+  ncclUniqueId exchange_unique_id(c10d::Store& store, const std::string& key) {
+    ncclUniqueId id;
+    if (rank() == 0) {
+      DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
+      store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
+    } else {
+      const std::vector<uint8_t> bytes = store.get(key);
+      if (bytes.size() != sizeof(id)) {
+        throw Error(fmt::format("libddp: rank {} read a malformed NCCL id from the store ({} bytes instead of {})",
+                                rank(), bytes.size(), sizeof(id)));
+      }
+      std::memcpy(&id, bytes.data(), sizeof(id));
+    }
+    return id;
+  }
+
+  /// Waits (bounded) for queued collectives, then destroys the communicator;
+  /// aborts it instead if anything is stuck, so destruction never hangs.
+  void release() noexcept {
+    const Clock::time_point deadline = Clock::now() + timeout();
+    try {
+      c10::cuda::CUDAGuard guard(device_index_);
+      while (cudaStreamQuery(stream_.stream()) == cudaErrorNotReady) {
+        if (Clock::now() >= deadline) throw LaunchTimeout();
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      DDP_NCCL_CHECK(ncclCommFinalize(comm_), comm_);
+      wait_while_in_progress(deadline, "ncclCommFinalize");
+      DDP_NCCL_CHECK(ncclCommDestroy(comm_), comm_);
+    } catch (...) {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+
+  const c10::DeviceIndex device_index_;
+  c10::cuda::CUDAStream stream_;
+  ncclComm_t comm_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_nccl_communicator(CommunicatorBase::Setup setup, int device_index) {
+  // Binds the process to its GPU: LibTorch's current device, so tensors the
+  // program creates on "cuda" land where NCCL expects them.
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_index));
+  return std::make_shared<NcclCommunicator>(std::move(setup), device_index);
+}
+
+}  // namespace ddp::detail

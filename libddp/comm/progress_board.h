@@ -1,0 +1,43 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace ddp::detail {
+
+/// How far one rank got through its collectives.
+struct Progress {
+  std::uint64_t issued = 0;       ///< Sequence number of the last collective issued.
+  std::string issued_op;          ///< Its name.
+  std::uint64_t completed = 0;    ///< Sequence number of the last collective that finished.
+  std::string completed_op;
+  bool operator==(const Progress& other) const;
+};
+
+/// Each rank's progress, published in the rendezvous store so that a rank
+/// whose collective fails can tell who is behind (the idea of PyTorch's
+/// desync debugging).
+class ProgressBoard {
+ public:
+  ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int world_size);
+
+  /// Publishes this rank's progress. Store failures are swallowed: progress
+  /// reports are diagnostics and must never be the cause of an error.
+  void publish(const Progress& progress) noexcept;
+
+  /// One line per other rank, saying how far it got relative to collective
+  /// `sequence` (named `op`) of this rank. When `conclusive` (the collective
+  /// timed out, so published progress is far fresher than the failure) it
+  /// also names the ranks that are behind or diverged.
+  std::string describe_peers(std::uint64_t sequence, const std::string& op, bool conclusive) const;
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string key_prefix_;
+  int rank_;
+  int world_size_;
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,36 @@
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+/// Bad command line: ddprun prints it with the usage and exits with code 2.
+class LaunchUsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct LaunchOptions {
+  int nproc_per_node = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool standalone = false;
+  std::chrono::milliseconds grace_period{5000};  ///< SIGTERM to SIGKILL when tearing down.
+  std::vector<std::string> command;              ///< Program and its arguments.
+};
+
+/// ddprun's usage text.
+std::string usage();
+
+/// Parses ddprun's arguments (without argv[0]). Throws LaunchUsageError.
+/// `help` is set when --help was given (nothing else is then checked).
+LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& help);
+
+/// GPUs this process may use: CUDA_VISIBLE_DEVICES when set, otherwise the
+/// devices the NVIDIA driver lists. Needs no CUDA runtime.
+int visible_gpu_count();
+
+}  // namespace ddp::launcher

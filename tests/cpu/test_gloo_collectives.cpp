@@ -1,0 +1,178 @@
+// Every collective over Gloo, in real processes of 2 and 3 ranks, and what
+// the survivors see when a rank dies or stalls.
+
+#include <chrono>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "support/collective_checks.h"
+#include "support/multiprocess.h"
+
+namespace {
+
+using namespace ddp::testing;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<ddp::ProcessGroup> init_gloo(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(timeout));
+}
+
+class GlooCollectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectives, AllReduceEveryDtypeSizeAndOp) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    auto& comm = pg->communicator();
+    require(comm.backend() == ddp::Backend::kGloo && comm.device().is_cpu(), "expected a Gloo CPU communicator");
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kLong}) {
+      for (std::int64_t numel : {0, 1, 1000, 1 << 20}) {
+        check_all_reduce(comm, dtype, numel, ddp::ReduceOp::kSum);
+        check_all_reduce(comm, dtype, numel, ddp::ReduceOp::kMax);
+        if (at::isFloatingType(dtype)) check_all_reduce(comm, dtype, numel, ddp::ReduceOp::kAvg);
+      }
+    }
+    check_all_reduce(comm, at::kFloat, 10'000'000, ddp::ReduceOp::kSum);  // 40 MB
+  }));
+}
+
+TEST_P(GlooCollectives, BroadcastFromEveryRoot) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kLong}) {
+      for (std::int64_t numel : {0, 1, 1000, 1 << 20}) {
+        for (int root = 0; root < pg->world_size(); ++root) check_broadcast(pg->communicator(), dtype, numel, root);
+      }
+    }
+    check_broadcast(pg->communicator(), at::kFloat, 10'000'000, pg->world_size() - 1);
+  }));
+}
+
+TEST_P(GlooCollectives, AllGather) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    for (auto dtype : {at::kFloat, at::kDouble, at::kBFloat16, at::kLong}) {
+      for (std::int64_t numel : {0, 1, 1000, 1 << 20}) check_all_gather(pg->communicator(), dtype, numel);
+    }
+    check_all_gather(pg->communicator(), at::kFloat, 4'000'000);
+  }));
+}
+
+TEST_P(GlooCollectives, BarrierManyInFlightAndUsageErrors) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int rank) {
+    auto pg = init_gloo();
+    // A rank that arrives late holds the others at the barrier.
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = Clock::now();
+    pg->communicator().barrier();
+    if (rank != 0) require(Clock::now() - start >= std::chrono::milliseconds(200), "barrier did not wait for rank 0");
+    check_many_in_flight(pg->communicator());
+    check_usage_errors(pg->communicator());
+  }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooCollectives, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+TEST(GlooFailures, DeadRankMakesSurvivorsFailWithinTheTimeout) {
+  const auto outcomes = run_ranks(3, [](int rank) {
+    auto pg = init_gloo(std::chrono::seconds(20));
+    auto& comm = pg->communicator();
+    check_all_reduce(comm, at::kFloat, 1000, ddp::ReduceOp::kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // lets the watchdogs publish progress
+    if (rank == 1) std::_Exit(3);  // dies without a word, as a crashed process does
+    const auto start = Clock::now();
+    const std::string message = collective_error_of([&] {
+      at::Tensor tensor = at::ones({1000});
+      comm.all_reduce(tensor)->wait();
+    });
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    require(seconds < 25, "the error took " + std::to_string(seconds) + " s, more than the 20 s timeout");
+    require_contains(message, "all_reduce #2");
+    require_contains(message, "rank " + std::to_string(rank) + " of 3");
+    require_contains(message, "rank 1: issued #1");
+    // The communicator is unusable afterwards, and says why.
+    require_contains(collective_error_of([&] { comm.barrier(); }), "after this communicator failed");
+  });
+  EXPECT_EQ(outcomes[1].exit_code, 3);
+  for (int rank : {0, 2}) {
+    EXPECT_EQ(outcomes[static_cast<size_t>(rank)].exit_code, 0)
+        << "rank " << rank << ": " << outcomes[static_cast<size_t>(rank)].error;
+  }
+}
+
+TEST(GlooFailures, StalledRankIsNamedWhenTheCollectiveTimesOut) {
+  const auto outcomes = run_ranks(2, [](int rank) {
+    auto pg = init_gloo(std::chrono::seconds(2));
+    auto& comm = pg->communicator();
+    check_broadcast(comm, at::kFloat, 100, 0);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(5));  // stuck between collectives
+      return;
+    }
+    const auto start = Clock::now();
+    const std::string message = collective_error_of([&] {
+      at::Tensor tensor = at::ones({10});
+      comm.all_reduce(tensor)->wait();
+    });
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    require(seconds >= 1.5 && seconds < 4.5, "timeout after " + std::to_string(seconds) + " s, expected ~2 s");
+    require_contains(message, "all_reduce #2");
+    require_contains(message, "rank 1: issued #1 (broadcast), completed #1 (broadcast)");
+    require_contains(message, "rank(s) 1 have not issued #2");
+  });
+  expect_all_succeeded(outcomes);
+}
+
+TEST(GlooFailures, CollectivesInADifferentOrderAreReported) {
+  const auto outcomes = run_ranks(2, [](int rank) {
+    auto pg = init_gloo(std::chrono::seconds(2));
+    auto& comm = pg->communicator();
+    check_all_reduce(comm, at::kFloat, 10, ddp::ReduceOp::kSum);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    at::Tensor tensor = at::ones({1000});
+    // Rank 1 is one collective behind: it issues a broadcast where rank 0 issues an all_gather.
+    std::string message;
+    try {
+      if (rank == 0) {
+        at::Tensor output = at::empty({2000});
+        comm.all_gather(output, tensor)->wait();
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        comm.broadcast(tensor, 0)->wait();
+      }
+    } catch (const ddp::CollectiveError& e) {
+      message = e.what();
+    }
+    // Rank 1's broadcast takes rank 0's gathered data and returns; rank 0
+    // waits in vain for rank 1's share and must say the ranks diverged.
+    if (rank == 0) {
+      require_contains(message, "timed out");
+      require_contains(message, "rank(s) 1 issued a different collective as #2");
+    }
+  });
+  expect_all_succeeded(outcomes);
+}
+
+TEST(GlooFailures, RendezvousTimesOutWhenARankNeverStarts) {
+  RunOptions options;
+  options.env["WORLD_SIZE"] = "2";  // one process of a two-rank job
+  expect_all_succeeded(run_ranks(1, [](int) {
+    const auto start = Clock::now();
+    try {
+      ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).rendezvous_timeout(std::chrono::seconds(2)));
+    } catch (const ddp::Error& e) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      require(seconds < 10, "rendezvous error after " + std::to_string(seconds) + " s");
+      require_contains(e.what(), "MASTER_ADDR:MASTER_PORT");
+      require_contains(e.what(), "all 2 ranks started");
+      return;
+    }
+    throw std::runtime_error("init succeeded without the second rank");
+  }, options));
+}
+
+}  // namespace

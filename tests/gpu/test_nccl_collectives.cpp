@@ -1,0 +1,155 @@
+// Every collective over NCCL on 2 GPUs, stream ordering, and the timeout
+// path. Needs 2 GPUs: exits with 77 (reported by ctest as skipped) otherwise.
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "support/collective_checks.h"
+#include "support/multiprocess.h"
+
+namespace {
+
+using namespace ddp::testing;
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<ddp::ProcessGroup> init_nccl(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(timeout));
+}
+
+TEST(NcclCollectives, AllReduceSumAvgMax) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl();
+    auto& comm = pg->communicator();
+    require(comm.device() == c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(rank)), "wrong device");
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (std::int64_t numel : {0, 1, 1000, 1 << 20, 16 << 20}) {
+        for (auto op : {ddp::ReduceOp::kSum, ddp::ReduceOp::kAvg, ddp::ReduceOp::kMax}) {
+          check_all_reduce(comm, dtype, numel, op);
+        }
+      }
+    }
+    check_all_reduce(comm, at::kLong, 1000, ddp::ReduceOp::kSum);
+  }));
+}
+
+TEST(NcclCollectives, BroadcastAllGatherBarrier) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_nccl();
+    auto& comm = pg->communicator();
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (std::int64_t numel : {0, 1, 1000, 1 << 20, 16 << 20}) {
+        check_broadcast(comm, dtype, numel, 0);
+        check_broadcast(comm, dtype, numel, 1);
+        check_all_gather(comm, dtype, numel);
+      }
+    }
+    comm.barrier();
+    check_many_in_flight(comm);
+    check_usage_errors(comm);
+    try {
+      comm.all_reduce(at::ones({4}));
+      throw std::runtime_error("a CPU tensor was accepted by NCCL");
+    } catch (const ddp::UsageError& e) {
+      require_contains(e.what(), "is on cpu");
+    }
+  }));
+}
+
+TEST(NcclCollectives, OrderedAfterAndBeforeWorkOnTheCallersStream) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl();
+    auto& comm = pg->communicator();
+    // A side stream as current: the collective must wait for the matmuls
+    // queued on it, and the kernel after wait_stream() must see the sum.
+    c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, pg->device().index()));
+    const auto options = at::TensorOptions().device(pg->device());
+    for (int trial = 0; trial < 5; ++trial) {
+      at::Tensor a = at::eye(4096, options) * (rank + 1);
+      for (int i = 0; i < 8; ++i) a = at::matmul(a, at::eye(4096, options));  // slow producer
+      comm.all_reduce(a)->wait_stream();
+      const at::Tensor doubled = a * 2;  // queued behind the collective, no host wait
+      const double expected = 2.0 * 3.0;  // (1 + 2) on the diagonal, times two
+      const double diagonal = doubled.diagonal().mean().item<double>();
+      require(std::abs(diagonal - expected) < 1e-3, "stream ordering broken: diagonal mean " + std::to_string(diagonal));
+    }
+  }));
+}
+
+TEST(NcclFailures, StalledRankIsNamedWhenTheCollectiveTimesOut) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl(std::chrono::seconds(3));
+    auto& comm = pg->communicator();
+    check_broadcast(comm, at::kFloat, 100, 0);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(8));  // stuck between collectives
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto start = Clock::now();
+    const std::string message = collective_error_of([&] {
+      at::Tensor tensor = at::ones({10}, at::TensorOptions().device(pg->device()));
+      comm.all_reduce(tensor)->wait();
+    });
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    require(seconds >= 2.5 && seconds < 6, "timeout after " + std::to_string(seconds) + " s, expected ~3 s");
+    require_contains(message, "all_reduce #2");
+    require_contains(message, "timed out after 3000 ms on rank 0 of 2");
+    require_contains(message, "rank(s) 1 have not issued #2");
+  }));
+}
+
+TEST(NcclFailures, WatchdogAbortsATimedOutCollectiveNobodyWaitsFor) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl(std::chrono::seconds(2));
+    auto& comm = pg->communicator();
+    check_broadcast(comm, at::kFloat, 100, 0);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(7));
+      return;
+    }
+    at::Tensor tensor = at::ones({1 << 20}, at::TensorOptions().device(pg->device()));
+    auto work = comm.all_reduce(tensor);
+    work->wait_stream();  // the device waits, the host does not
+    std::this_thread::sleep_for(std::chrono::seconds(4));
+    require(work->is_completed(), "the watchdog did not settle the timed-out collective");
+    require_contains(collective_error_of([&] { work->wait(); }), "timed out");
+    // The aborted kernel returned: the stream drains instead of hanging.
+    (void)tensor.sum().item<float>();
+  }));
+}
+
+TEST(NcclInit, LocalRankBeyondTheVisibleGpusIsNamed) {
+  RunOptions options;
+  options.env = {{"RANK", "7"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "7"}, {"LOCAL_WORLD_SIZE", "8"}};
+  expect_all_succeeded(run_ranks(1, [](int) {
+    try {
+      init_nccl();
+    } catch (const ddp::UsageError& e) {
+      require_contains(e.what(), "LOCAL_RANK=7");
+      require_contains(e.what(), "GPU(s) are visible");
+      return;
+    }
+    throw std::runtime_error("init accepted LOCAL_RANK=7");
+  }, options));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  const bool listing = ::testing::GTEST_FLAG(list_tests);
+  if (!listing && std::getenv("DDP_TEST_CHILD_RANK") == nullptr && torch::cuda::device_count() < 2) {
+    std::printf("SKIPPED: these tests need 2 GPUs; %d visible\n", static_cast<int>(torch::cuda::device_count()));
+    return 77;
+  }
+  return RUN_ALL_TESTS();
+}
