@@ -161,6 +161,26 @@ int main(int argc, char** argv) {
       row.ddp_busbw = bytes / (row.ddp_ms * 1e-3) / 1e9 * bus_factor;
       rows.push_back(row);
     }
+    // Host cost of issuing one collective (smallest size, no waiting): what
+    // DDP pays per bucket on the CPU, beside raw NCCL's own call.
+    const std::int64_t small_count = args.min_bytes / element;
+    torch::Tensor small = torch::randn({small_count}, options);
+    auto host_us_per_call = [&](auto&& launch) {
+      constexpr int kCalls = 200;
+      CHECK_CUDA(cudaStreamSynchronize(stream.stream()));
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < kCalls; ++i) launch();
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+      CHECK_CUDA(cudaStreamSynchronize(stream.stream()));
+      return us / kCalls;
+    };
+    std::vector<double> raw_host, ddp_host;
+    for (int trial = 0; trial < args.trials; ++trial) {
+      raw_host.push_back(host_us_per_call([&] {
+        CHECK_NCCL(ncclAllReduce(small.data_ptr(), small.data_ptr(), small_count, nccl_type, ncclAvg, raw, stream.stream()));
+      }));
+      ddp_host.push_back(host_us_per_call([&] { comm.all_reduce(small, ddp::ReduceOp::kAvg)->wait_stream(); }));
+    }
     comm.barrier();
     CHECK_NCCL(ncclCommDestroy(raw));
 
@@ -191,14 +211,19 @@ int main(int argc, char** argv) {
                                  json_rows.empty() ? "" : ",\n", row.bytes, row.raw_ms, row.raw_busbw, row.ddp_ms,
                                  row.ddp_busbw);
       }
+      table += fmt::format("\nHost time to issue one {} MiB all-reduce (median of {} trials of 200 calls): raw NCCL "
+                           "{:.1f} us, libddp (all_reduce + wait_stream) {:.1f} us.\n",
+                           args.min_bytes >> 20, args.trials, median(raw_host), median(ddp_host));
       std::printf("%s\n\n%s", header.c_str(), table.c_str());
       if (!args.markdown.empty()) std::ofstream(args.markdown) << "# All-reduce bus bandwidth\n\n" << header << "\n\n" << table;
       if (!args.json.empty()) {
         std::ofstream(args.json) << fmt::format(
             "{{\n  \"benchmark\": \"allreduce\",\n  \"device\": \"{}\",\n  \"gpus\": {},\n  \"date\": \"{}\",\n"
             "  \"commit\": \"{}\",\n  \"nccl_version\": {},\n  \"torch_version\": \"{}\",\n  \"dtype\": \"{}\",\n"
-            "  \"op\": \"avg\",\n  \"rows\": [\n{}\n  ]\n}}\n",
-            prop.name, world, date, commit ? commit : "unknown", nccl_version, TORCH_VERSION, dtype_name, json_rows);
+            "  \"op\": \"avg\",\n  \"host_us_per_call\": {{\"bytes\": {}, \"raw\": {:.2f}, \"ddp\": {:.2f}}},\n"
+            "  \"rows\": [\n{}\n  ]\n}}\n",
+            prop.name, world, date, commit ? commit : "unknown", nccl_version, TORCH_VERSION, dtype_name,
+            args.min_bytes, median(raw_host), median(ddp_host), json_rows);
       }
     }
     return 0;

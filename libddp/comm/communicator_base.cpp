@@ -147,8 +147,8 @@ std::shared_ptr<Work> CommunicatorBase::all_reduce(const at::Tensor& tensor, Red
                                  c10::toString(tensor.scalar_type())));
   }
   return issue("all_reduce", fmt::format("{}, {}", to_string(op), describe_tensor(tensor)),
-               [&](Clock::time_point deadline) {
-                 return tensor.numel() == 0 ? nullptr : launch_all_reduce(tensor, op, deadline);
+               [&]() {
+                 return tensor.numel() == 0 ? nullptr : launch_all_reduce(tensor, op);
                });
 }
 
@@ -159,8 +159,8 @@ std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int 
                                  world_size_ - 1));
   }
   return issue("broadcast", fmt::format("root {}, {}", root, describe_tensor(tensor)),
-               [&](Clock::time_point deadline) {
-                 return tensor.numel() == 0 ? nullptr : launch_broadcast(tensor, root, deadline);
+               [&]() {
+                 return tensor.numel() == 0 ? nullptr : launch_broadcast(tensor, root);
                });
 }
 
@@ -174,20 +174,21 @@ std::shared_ptr<Work> CommunicatorBase::all_gather(const at::Tensor& output, con
                                  c10::toString(output.scalar_type())));
   }
   return issue("all_gather", describe_tensor(input),
-               [&](Clock::time_point deadline) {
-                 return input.numel() == 0 ? nullptr : launch_all_gather(output, input, deadline);
+               [&]() {
+                 return input.numel() == 0 ? nullptr : launch_all_gather(output, input);
                });
 }
 
 void CommunicatorBase::barrier() {
   auto token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device()));
-  issue("barrier", "1 element", [&](Clock::time_point deadline) {
-    return launch_all_reduce(token, ReduceOp::kSum, deadline);
+  issue("barrier", "1 element", [&]() {
+    return launch_all_reduce(token, ReduceOp::kSum);
   })->wait();
 }
 
-std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail, const Launch& launch) {
+std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail, const LaunchFn& launch) {
   std::uint64_t sequence = 0;
+  const Clock::time_point deadline = Clock::now() + timeout_;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!broken_.empty()) {
@@ -199,26 +200,31 @@ std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail
     sequence = ++progress_.issued;
     progress_.issued_op = op;
   }
-  const Clock::time_point deadline = Clock::now() + timeout_;
 
   std::unique_ptr<BackendOp> backend_op;
-  std::optional<Failure> launch_failure;
-  std::string launch_message;
+  std::string launch_failure;
   {
-    std::lock_guard<std::mutex> lock(launch_mutex_);
-    try {
-      backend_op = launch(deadline);
-    } catch (const LaunchTimeout& e) {
-      launch_failure = Failure::kTimeout;
-    } catch (const std::exception& e) {
-      launch_failure = Failure::kBackendError;
-      launch_message = e.what();
+    auto lock = lock_launches();
+    {
+      std::lock_guard<std::mutex> state_lock(mutex_);
+      launching_ = Launch{sequence, op, detail, deadline};
     }
+    try {
+      backend_op = launch();
+    } catch (const Error&) {
+      std::lock_guard<std::mutex> state_lock(mutex_);
+      launching_.reset();
+      throw;
+    } catch (const std::exception& e) {
+      launch_failure = e.what();
+    }
+    std::lock_guard<std::mutex> state_lock(mutex_);
+    launching_.reset();
   }
   auto work = std::make_shared<CollectiveWork>(weak_from_this(), sequence, op, std::move(detail), deadline,
                                                backend_op ? std::move(backend_op) : std::make_unique<CompletedOp>());
-  if (launch_failure) {
-    fail(*work, *launch_failure, launch_message);
+  if (!launch_failure.empty()) {
+    fail(*work, Failure::kBackendError, launch_failure);
     work->rethrow_if_failed();
   }
   {
@@ -228,19 +234,44 @@ std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail
   return work;
 }
 
-std::string CommunicatorBase::describe_failure(const CollectiveWork& work, Failure kind,
+std::unique_lock<std::mutex> CommunicatorBase::lock_launches() {
+  std::unique_lock<std::mutex> lock(launch_mutex_, std::try_to_lock);
+  while (!lock.owns_lock()) {
+    end_process_if_launch_stuck();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.try_lock();
+  }
+  return lock;
+}
+
+void CommunicatorBase::end_process_if_launch_stuck() {
+  std::optional<Launch> launch;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    launch = launching_;
+  }
+  if (!launch || Clock::now() < launch->deadline) return;
+  std::cerr << describe_failure(launch->sequence, launch->op, launch->detail, Failure::kTimeout, "")
+            << "\nThe thread that issued it is still blocked inside the communication library, so the collective "
+               "cannot be cancelled: libddp ends this process (exit code 1) rather than let the job hang."
+            << std::endl;
+  std::_Exit(1);
+}
+
+std::string CommunicatorBase::describe_failure(std::uint64_t sequence, const std::string& op,
+                                               const std::string& detail, Failure kind,
                                                const std::string& what) const {
   const std::string headline =
       kind == Failure::kTimeout
-          ? fmt::format("libddp: {} #{} ({}) timed out after {} ms on rank {} of {}.", work.op(), work.sequence(),
-                        work.detail(), timeout_.count(), rank_, world_size_)
-          : fmt::format("libddp: {} #{} ({}) failed on rank {} of {}: {}", work.op(), work.sequence(),
-                        work.detail(), rank_, world_size_, what);
+          ? fmt::format("libddp: {} #{} ({}) timed out after {} ms on rank {} of {}.", op, sequence, detail,
+                        timeout_.count(), rank_, world_size_)
+          : fmt::format("libddp: {} #{} ({}) failed on rank {} of {}: {}", op, sequence, detail, rank_,
+                        world_size_, what);
   return fmt::format(
       "{}\nProgress of the other ranks:{}\nEvery rank must issue the same collectives in the same order. Look at "
       "the output of the ranks named above; if the work between two collectives legitimately takes longer than "
       "the timeout, raise it with ddp::InitOptions().timeout(...).",
-      headline, board_.describe_peers(work.sequence(), work.op(), kind == Failure::kTimeout));
+      headline, board_.describe_peers(sequence, op, kind == Failure::kTimeout));
 }
 
 void CommunicatorBase::fail(CollectiveWork& work, Failure kind, const std::string& what, bool from_watchdog) {
@@ -250,7 +281,7 @@ void CommunicatorBase::fail(CollectiveWork& work, Failure kind, const std::strin
     std::lock_guard<std::mutex> lock(mutex_);
     first = broken_.empty();
   }
-  if (first) message = describe_failure(work, kind, what);
+  if (first) message = describe_failure(work.sequence(), work.op(), work.detail(), kind, what);
 
   std::deque<std::shared_ptr<CollectiveWork>> others;
   {
@@ -270,7 +301,7 @@ void CommunicatorBase::fail(CollectiveWork& work, Failure kind, const std::strin
 
   if (from_watchdog) std::cerr << message << std::endl;
   {
-    std::lock_guard<std::mutex> lock(launch_mutex_);
+    auto lock = lock_launches();
     abort();
   }
   for (auto& other : others) {
@@ -315,6 +346,7 @@ void CommunicatorBase::watchdog_loop() {
 }
 
 void CommunicatorBase::settle_pending() {
+  end_process_if_launch_stuck();
   std::vector<std::shared_ptr<CollectiveWork>> snapshot;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -322,7 +354,7 @@ void CommunicatorBase::settle_pending() {
   }
   std::string async_error;
   if (!snapshot.empty()) {
-    std::lock_guard<std::mutex> lock(launch_mutex_);
+    auto lock = lock_launches();
     async_error = poll_async_error();
   }
   for (auto& work : snapshot) {

@@ -24,13 +24,6 @@ namespace ddp::detail {
 
 using Clock = std::chrono::steady_clock;
 
-/// Thrown by a backend's launch when the deadline passed before the
-/// collective could even be queued (NCCL still connecting to a missing peer).
-class LaunchTimeout : public std::runtime_error {
- public:
-  LaunchTimeout() : std::runtime_error("collective could not be queued before its deadline") {}
-};
-
 /// A collective as a backend launched it.
 class BackendOp {
  public:
@@ -91,6 +84,12 @@ class CollectiveWork final : public Work {
 /// A backend implements the launch_* functions and abort(). Its constructor
 /// calls start_watchdog() last and its destructor stop_watchdog() first, so
 /// the watchdog only ever sees a fully built backend.
+///
+/// A launch may block the calling thread inside the backend (NCCL connects
+/// to peers lazily, on the first collective that needs a connection). If one
+/// is still inside past its deadline, no abort can be issued safely, so the
+/// watchdog reports the stuck collective and ends the process: a job whose
+/// rank cannot make progress must fail, not hang.
 class CommunicatorBase : public Communicator, public std::enable_shared_from_this<CommunicatorBase> {
  public:
   struct Setup {
@@ -119,30 +118,40 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   void fail(CollectiveWork& work, Failure kind, const std::string& what, bool from_watchdog = false);
 
  protected:
-  virtual std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op,
-                                                       Clock::time_point deadline) = 0;
-  virtual std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root,
-                                                      Clock::time_point deadline) = 0;
-  virtual std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input,
-                                                       Clock::time_point deadline) = 0;
+  virtual std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  virtual std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root) = 0;
+  virtual std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
   /// Makes collectives in flight return (NCCL: ncclCommAbort). Called once,
   /// from whichever thread first sees a failure; never concurrently with a launch.
   virtual void abort() noexcept = 0;
   /// An error the backend reports outside any single collective (NCCL's
   /// asynchronous errors); empty when all is well.
-  /// Called with the launch lock held, so never concurrently with abort().
+  /// Called with the launch lock held, so never concurrently with a launch or abort().
   virtual std::string poll_async_error() { return {}; }
 
   void start_watchdog();
   void stop_watchdog() noexcept;
 
  private:
-  using Launch = std::function<std::unique_ptr<BackendOp>(Clock::time_point deadline)>;
-  std::shared_ptr<Work> issue(const char* op, std::string detail, const Launch& launch);
+  using LaunchFn = std::function<std::unique_ptr<BackendOp>()>;
+  std::shared_ptr<Work> issue(const char* op, std::string detail, const LaunchFn& launch);
   void check_tensor(const at::Tensor& tensor, const char* op, const char* role) const;
   void watchdog_loop();
   void settle_pending();
-  std::string describe_failure(const CollectiveWork& work, Failure kind, const std::string& what) const;
+  /// Ends the process if a launch has been inside the backend past its deadline.
+  void end_process_if_launch_stuck();
+  /// Takes launch_mutex_, checking meanwhile that the launch holding it is not stuck.
+  std::unique_lock<std::mutex> lock_launches();
+  std::string describe_failure(std::uint64_t sequence, const std::string& op, const std::string& detail,
+                               Failure kind, const std::string& what) const;
+
+  /// The collective whose backend call is running now, if any.
+  struct Launch {
+    std::uint64_t sequence = 0;
+    std::string op;
+    std::string detail;
+    Clock::time_point deadline;
+  };
 
   const int rank_;
   const int world_size_;
@@ -153,6 +162,7 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   std::mutex mutex_;         // guards everything below
   std::deque<std::shared_ptr<CollectiveWork>> pending_;
   Progress progress_;
+  std::optional<Launch> launching_;
   std::string broken_;  // first failure, once there was one
 
   std::mutex watchdog_mutex_;

@@ -65,7 +65,7 @@ class GlooCommunicator final : public CommunicatorBase {
   c10::Device device() const override { return c10::Device(c10::kCPU); }
 
  protected:
-  std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op, Clock::time_point) override {
+  std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
     // Gloo reduces in the tensor's own dtype; bf16/fp16 sums keep few bits,
     // so 16-bit tensors are reduced in fp32 and copied back.
     at::Tensor buffer = is_16_bit(tensor) ? tensor.to(at::kFloat) : tensor;
@@ -79,15 +79,14 @@ class GlooCommunicator final : public CommunicatorBase {
     return std::make_unique<GlooOp>(std::move(work), std::move(copy_back));
   }
 
-  std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root, Clock::time_point) override {
+  std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root) override {
     std::vector<at::Tensor> tensors{as_bits(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     return std::make_unique<GlooOp>(group_->broadcast(tensors, options), nullptr);
   }
 
-  std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input,
-                                               Clock::time_point) override {
+  std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input) override {
     // Gloo gathers into one tensor per rank; views of `output` make that the flat result.
     std::vector<std::vector<at::Tensor>> outputs{as_bits(output).view({-1}).chunk(world_size())};
     std::vector<at::Tensor> inputs{as_bits(input)};

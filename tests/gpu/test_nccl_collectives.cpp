@@ -127,6 +127,28 @@ TEST(NcclFailures, WatchdogAbortsATimedOutCollectiveNobodyWaitsFor) {
   }));
 }
 
+TEST(NcclFailures, FirstCollectiveWithAnAbsentPeerNeverHangs) {
+  // NCCL connects lazily, inside the first collective's host call, so with an
+  // absent peer either the kernel times out (a CollectiveError) or the host
+  // call never returns, and libddp ends the process with exit code 1.
+  const auto outcomes = run_ranks(2, [](int rank) {
+    auto pg = init_nccl(std::chrono::seconds(3));
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      return;
+    }
+    at::Tensor tensor = at::ones({1 << 20}, at::TensorOptions().device(pg->device()));
+    const std::string message = collective_error_of([&] { pg->communicator().all_reduce(tensor)->wait(); });
+    require_contains(message, "timed out after 3000 ms");
+    std::printf("rank 0: the kernel timed out and was aborted\n");
+  });
+  const RankOutcome& rank0 = outcomes[0];
+  EXPECT_FALSE(rank0.hung);
+  EXPECT_TRUE(rank0.exit_code == 0 || rank0.exit_code == 1) << rank0.error;
+  if (rank0.exit_code == 1) std::printf("rank 0: ended by libddp while blocked inside NCCL\n");
+  EXPECT_LT(rank0.seconds, 9.0) << "rank 0 took as long as its sleeping peer: nothing bounded the wait";
+}
+
 TEST(NcclInit, LocalRankBeyondTheVisibleGpusIsNamed) {
   RunOptions options;
   options.env = {{"RANK", "7"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "7"}, {"LOCAL_WORLD_SIZE", "8"}};
