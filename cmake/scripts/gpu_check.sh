@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu
 echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-<unset>} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-<unset>}"
 step configure bash cmake/scripts/configure.sh python build/gpu
 step build cmake --build build/gpu -j "$(nproc)"
-step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure
+step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure --verbose
 step smoke build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/smoke/collectives_smoke
 step allreduce build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/allreduce/allreduce_bench \
   --json "$out/allreduce.json" --markdown "$out/allreduce.md"

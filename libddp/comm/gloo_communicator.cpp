@@ -8,7 +8,6 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/backends.h"
-#include "compat/torch_compat.h"
 
 namespace ddp::detail {
 namespace {

@@ -49,7 +49,7 @@ ncclDataType_t to_nccl(at::ScalarType type) {
     case at::kChar: return ncclInt8;
     case at::kByte: return ncclUint8;
     case at::kBool: return ncclUint8;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
+#if DDP_TORCH_HAS_FLOAT8 && NCCL_VERSION_CODE >= NCCL_VERSION(2, 24, 0)
     case at::kFloat8_e4m3fn: return ncclFloat8e4m3;
     case at::kFloat8_e5m2: return ncclFloat8e5m2;
 #endif

@@ -8,3 +8,6 @@
 
 #define DDP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// float8 dtypes (at::kFloat8_e4m3fn, at::kFloat8_e5m2) arrived in LibTorch 2.1.
+#define DDP_TORCH_HAS_FLOAT8 DDP_TORCH_AT_LEAST(2, 1)

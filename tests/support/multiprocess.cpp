@@ -1,9 +1,9 @@
 #include "support/multiprocess.h"
 
-#include <netinet/in.h>
+#include "launcher/ports.h"
+
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,20 +54,6 @@ std::string read_file(const fs::path& path) {
 
 }  // namespace
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw std::runtime_error("cannot find a free port");
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 void require(bool condition, const std::string& what) {
   if (!condition) throw std::runtime_error(what);
 }
@@ -77,9 +63,9 @@ std::vector<RankOutcome> run_ranks(int world_size, const std::function<void(int)
   if (const char* rank = std::getenv("DDP_TEST_CHILD_RANK")) run_as_child(std::atoi(rank), body);
 
   const fs::path result_dir = fs::temp_directory_path() /
-                              ("ddp_test_" + std::to_string(::getpid()) + "_" + std::to_string(free_port()));
+                              ("ddp_test_" + std::to_string(::getpid()) + "_" + std::to_string(launcher::free_port()));
   fs::create_directories(result_dir);
-  const int port = free_port();
+  const int port = launcher::free_port();
 
   std::vector<pid_t> pids(static_cast<size_t>(world_size), -1);
   std::vector<RankOutcome> outcomes(static_cast<size_t>(world_size));

@@ -40,7 +40,4 @@ void expect_all_succeeded(const std::vector<RankOutcome>& outcomes);
 /// Throws std::runtime_error(what) unless condition holds: checks inside rank bodies.
 void require(bool condition, const std::string& what);
 
-/// A TCP port no one listens on right now.
-int free_port();
-
 }  // namespace ddp::testing

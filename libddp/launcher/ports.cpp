@@ -1,0 +1,48 @@
+#include "launcher/ports.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "launcher/launch_options.h"
+
+namespace ddp::launcher {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(fmt::format("ddprun: cannot find a free port: {}", std::strerror(errno)));
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+void require_port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool bound = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  if (!bound) {
+    throw LaunchUsageError(fmt::format("--master-port {} cannot be used on this host ({}); pick another port or "
+                                       "use --standalone to get a free one",
+                                       port, std::strerror(error)));
+  }
+}
+
+}  // namespace ddp::launcher
