@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -27,6 +26,8 @@
 #include <torch/version.h>
 
 #include <ddp/ddp.h>
+
+#include "common/run_info.h"
 
 namespace {
 
@@ -185,20 +186,14 @@ int main(int argc, char** argv) {
     CHECK_NCCL(ncclCommDestroy(raw));
 
     if (pg->rank() == 0) {
-      cudaDeviceProp prop;
-      CHECK_CUDA(cudaGetDeviceProperties(&prop, device.index()));
+      const bench::RunInfo info = bench::run_info(device.index());
       int nccl_version = 0;
       ncclGetVersion(&nccl_version);
-      char date[32];
-      const std::time_t now = std::time(nullptr);
-      std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-      const char* commit = std::getenv("DDP_GIT_COMMIT");
       const char* nvls = std::getenv("NCCL_NVLS_ENABLE");
       const std::string dtype_name = args.dtype == torch::kBFloat16 ? "bf16" : "fp32";
       const std::string header = fmt::format(
           "device: {} x {} | date: {} | commit: {} | NCCL {} | LibTorch {} | dtype {} | NCCL_NVLS_ENABLE={}",
-          world, prop.name, date, commit ? commit : "unknown", nccl_version, TORCH_VERSION, dtype_name,
-          nvls ? nvls : "<unset>");
+          world, info.gpu, info.date, info.commit, nccl_version, TORCH_VERSION, dtype_name, nvls ? nvls : "<unset>");
       std::string table = "| size | raw NCCL time | raw busbw | libddp time | libddp busbw | libddp / raw |\n"
                           "|---|---|---|---|---|---|\n";
       std::string json_rows;
@@ -222,8 +217,7 @@ int main(int argc, char** argv) {
             "  \"commit\": \"{}\",\n  \"nccl_version\": {},\n  \"torch_version\": \"{}\",\n  \"dtype\": \"{}\",\n"
             "  \"op\": \"avg\",\n  \"host_us_per_call\": {{\"bytes\": {}, \"raw\": {:.2f}, \"ddp\": {:.2f}}},\n"
             "  \"rows\": [\n{}\n  ]\n}}\n",
-            prop.name, world, date, commit ? commit : "unknown", nccl_version, TORCH_VERSION, dtype_name,
-            args.min_bytes, median(raw_host), median(ddp_host), json_rows);
+            info.gpu, world, info.date, info.commit, nccl_version, TORCH_VERSION, dtype_name, args.min_bytes, median(raw_host), median(ddp_host), json_rows);
       }
     }
     return 0;

@@ -24,5 +24,7 @@ step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure --verbose
 step smoke build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/smoke/collectives_smoke
 step allreduce build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/allreduce/allreduce_bench \
   --json "$out/allreduce.json" --markdown "$out/allreduce.md"
+step ddp_overlap build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/ddp_overlap/ddp_overlap \
+  --json "$out/ddp_overlap.json" --markdown "$out/ddp_overlap.md"
 echo "== gpu_check: $([[ $status == 0 ]] && echo all steps passed || echo some steps FAILED)"
 exit $status

@@ -165,13 +165,3 @@ TEST(NcclInit, LocalRankBeyondTheVisibleGpusIsNamed) {
 }
 
 }  // namespace
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  const bool listing = ::testing::GTEST_FLAG(list_tests);
-  if (!listing && std::getenv("DDP_TEST_CHILD_RANK") == nullptr && torch::cuda::device_count() < 2) {
-    std::printf("SKIPPED: these tests need 2 GPUs; %d visible\n", static_cast<int>(torch::cuda::device_count()));
-    return 77;
-  }
-  return RUN_ALL_TESTS();
-}

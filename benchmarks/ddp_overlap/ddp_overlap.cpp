@@ -1,0 +1,158 @@
+// How much of DDP's gradient all-reduce hides behind backward, for ResNet-50.
+//
+//   ddprun --nproc-per-node gpu build/benchmarks/ddp_overlap/ddp_overlap --json out.json --markdown out.md
+//
+// Measured in one run, each a median over timed iterations with CUDA events
+// on the training stream:
+//   local backward  backward of the bare module, no communication;
+//   DDP backward    backward of the DDP-wrapped module, until the training
+//                   stream may use the averaged gradients;
+//   communication   the same buckets all-reduced one after another alone.
+// exposed = DDP backward - local backward; hidden = 1 - exposed / communication.
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <ddp/ddp.h>
+
+#include "common/run_info.h"
+#include "resnet.h"
+
+namespace {
+
+struct Args {
+  int batch = 128;
+  int iterations = 20;
+  std::string json, markdown;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--batch") args.batch = std::stoi(value);
+    else if (flag == "--iterations") args.iterations = std::stoi(value);
+    else if (flag == "--json") args.json = value;
+    else if (flag == "--markdown") args.markdown = value;
+    else throw std::runtime_error("unknown flag " + flag + " (flags: --batch --iterations --json --markdown)");
+  }
+  return args;
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+/// Milliseconds between two events recorded around `body` on the current stream.
+template <typename Body>
+double device_ms(Body&& body) {
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  cudaEventRecord(start, stream.stream());
+  body();
+  cudaEventRecord(stop, stream.stream());
+  cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse_args(argc, argv);
+    auto pg = ddp::init();
+    if (pg->backend() != ddp::Backend::kNccl) throw std::runtime_error("this benchmark needs GPUs (NCCL)");
+    const auto device = pg->device();
+    at::globalContext().setAllowTF32CuBLAS(true);
+    at::globalContext().setAllowTF32CuDNN(true);
+    at::globalContext().setBenchmarkCuDNN(true);
+
+    torch::manual_seed(0);
+    auto model = resnet::resnet50();
+    model->to(device);
+    for (auto& p : model->parameters()) {
+      if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+    }
+    torch::Tensor input = torch::randn({args.batch, 3, 224, 224}, torch::TensorOptions().device(device))
+                              .contiguous(at::MemoryFormat::ChannelsLast);
+    torch::Tensor target = torch::randint(0, 1000, {args.batch}, torch::TensorOptions().device(device).dtype(torch::kLong));
+
+    auto backward_ms = [&](auto&& forward) {
+      std::vector<double> times;
+      for (int i = 0; i < args.iterations + 3; ++i) {
+        model->zero_grad();
+        torch::Tensor loss = torch::cross_entropy_loss(forward(), target);
+        const double ms = device_ms([&] { loss.backward(); });
+        if (i >= 3) times.push_back(ms);  // the first iterations pick cuDNN algorithms and build buckets
+      }
+      return median(times);
+    };
+    const double local = backward_ms([&] { return model->forward(input); });
+    ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, pg);
+    const double with_ddp = backward_ms([&] { return ddp_model(input); });
+
+    const std::vector<std::size_t> buckets = ddp_model.bucket_bytes();
+    std::vector<torch::Tensor> flat;
+    for (std::size_t bytes : buckets) flat.push_back(torch::randn({static_cast<long>(bytes / 4)}, torch::TensorOptions().device(device)));
+    std::vector<double> comm_times;
+    for (int i = 0; i < args.iterations + 3; ++i) {
+      const double ms = device_ms([&] {
+        for (auto& buffer : flat) pg->communicator().all_reduce(buffer, ddp::ReduceOp::kAvg)->wait_stream();
+      });
+      if (i >= 3) comm_times.push_back(ms);
+    }
+    const double communication = median(comm_times);
+    const double exposed = std::max(0.0, with_ddp - local);
+    const double hidden = communication > 0 ? std::max(0.0, 1.0 - exposed / communication) : 1.0;
+
+    if (pg->rank() == 0) {
+      std::size_t total = 0;
+      for (std::size_t b : buckets) total += b;
+      const bench::RunInfo info = bench::run_info(device.index());
+      const std::string header = fmt::format(
+          "device: {} x {} | date: {} | commit: {} | LibTorch {} | ResNet-50, batch {}/GPU, fp32 with TF32, "
+          "channels_last | {} buckets, {:.1f} MiB of gradients",
+          pg->world_size(), info.gpu, info.date, info.commit, TORCH_VERSION, args.batch, buckets.size(),
+          total / 1048576.0);
+      const std::string table = fmt::format(
+          "| local backward | DDP backward | exposed communication | all-reduce of the buckets alone | hidden |\n"
+          "|---|---|---|---|---|\n"
+          "| {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.1f}% |\n",
+          local, with_ddp, exposed, communication, 100 * hidden);
+      std::printf("%s\n\n%s", header.c_str(), table.c_str());
+      if (!args.markdown.empty()) std::ofstream(args.markdown) << "# DDP overlap\n\n" << header << "\n\n" << table;
+      if (!args.json.empty()) {
+        std::ofstream(args.json) << fmt::format(
+            "{{\n  \"benchmark\": \"ddp_overlap\",\n  \"model\": \"resnet50\",\n  \"device\": \"{}\",\n  \"gpus\": {},\n"
+            "  \"date\": \"{}\",\n  \"commit\": \"{}\",\n  \"batch_per_gpu\": {},\n  \"buckets\": {},\n"
+            "  \"gradient_mib\": {:.2f},\n  \"local_backward_ms\": {:.3f},\n  \"ddp_backward_ms\": {:.3f},\n"
+            "  \"exposed_ms\": {:.3f},\n  \"communication_ms\": {:.3f},\n  \"hidden_fraction\": {:.4f}\n}}\n",
+            info.gpu, pg->world_size(), info.date, info.commit, args.batch, buckets.size(),
+            total / 1048576.0, local, with_ddp, exposed, communication, hidden);
+      }
+    }
+    pg->communicator().barrier();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_overlap: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,173 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <ddp/comm_hooks.h>
+#include <ddp/process_group.h>
+
+namespace ddp {
+
+/// Options of DistributedDataParallel; defaults are PyTorch DDP's.
+struct DistributedDataParallelOptions {
+  /// Size of a gradient bucket, in MiB.
+  TORCH_ARG(double, bucket_cap_mb) = 25;
+  /// Size of the first bucket (the last layers' gradients, ready first), in MiB.
+  TORCH_ARG(double, first_bucket_cap_mb) = 1;
+  /// Gradients are views into their bucket: nothing is copied in or out.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  /// Find, after each forward, the parameters the outputs do not depend on
+  /// and count them as ready. Needed when not every parameter is used in
+  /// every iteration; costs a walk of the autograd graph per iteration.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  /// Copy rank 0's buffers (BatchNorm statistics) to every rank before each
+  /// forward in training mode.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  /// The set of used parameters and the order gradients become ready never
+  /// change: unused parameters are found once, and buckets are rebuilt in
+  /// ready order even with find_unused_parameters.
+  TORCH_ARG(bool, static_graph) = false;
+  /// How buckets are reduced (default: comm_hooks::average()).
+  TORCH_ARG(CommHook, comm_hook) = nullptr;
+};
+
+namespace detail {
+
+class Reducer;
+
+/// The part of DistributedDataParallel that does not depend on the module type.
+class DataParallelCore {
+ public:
+  DataParallelCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> process_group,
+                   const DistributedDataParallelOptions& options);
+  ~DataParallelCore();
+  void before_forward();
+  void after_forward(const std::vector<at::Tensor>& outputs);
+  void set_sync(bool sync);
+  bool sync() const;
+  std::vector<std::size_t> bucket_bytes() const;
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> process_group_;
+  DistributedDataParallelOptions options_;
+  std::vector<at::Tensor> buffers_;
+  std::shared_ptr<Reducer> reducer_;
+};
+
+inline void collect_tensors(const at::Tensor& tensor, std::vector<at::Tensor>& out) { out.push_back(tensor); }
+inline void collect_tensors(const std::vector<at::Tensor>& tensors, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), tensors.begin(), tensors.end());
+}
+template <typename First, typename Second>
+void collect_tensors(const std::pair<First, Second>& pair, std::vector<at::Tensor>& out) {
+  collect_tensors(pair.first, out);
+  collect_tensors(pair.second, out);
+}
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& tuple, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... items) { (collect_tensors(items, out), ...); }, tuple);
+}
+/// Any other output type holds no tensors DDP can see (find_unused_parameters
+/// then reports that it cannot work).
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+
+template <typename Impl>
+std::shared_ptr<torch::nn::Module> as_module(const torch::nn::ModuleHolder<Impl>& holder) {
+  return holder.ptr();
+}
+template <typename Impl>
+std::shared_ptr<torch::nn::Module> as_module(const std::shared_ptr<Impl>& module) {
+  return module;
+}
+
+}  // namespace detail
+
+/// Data-parallel training of `ModuleType` (a module holder such as
+/// torch::nn::Linear or a std::shared_ptr to a torch::nn::Module subclass):
+/// calling it calls the module's forward, and backward averages the
+/// gradients over all ranks, bucket by bucket, while it still runs.
+///
+///   auto pg = ddp::init();
+///   auto model = ddp::DistributedDataParallel(Net(), pg);
+///   auto loss = criterion(model(input), target);
+///   loss.backward();        // gradients are averaged across ranks when this returns
+///   optimizer.step();
+template <typename ModuleType>
+class DistributedDataParallel {
+ public:
+  /// Checks that every rank has the same parameters (names, shapes, dtypes)
+  /// and copies rank 0's parameters and buffers to every rank. Collective:
+  /// every rank must construct it.
+  DistributedDataParallel(ModuleType module, std::shared_ptr<ProcessGroup> process_group,
+                          const DistributedDataParallelOptions& options = {})
+      : module_(std::move(module)),
+        core_(std::make_shared<detail::DataParallelCore>(detail::as_module(module_), std::move(process_group),
+                                                         options)) {}
+
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    core_->before_forward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(output, tensors);
+    core_->after_forward(tensors);
+    return output;
+  }
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+
+  /// The wrapped module (its parameters are the ones being trained).
+  ModuleType& module() { return module_; }
+  const ModuleType& module() const { return module_; }
+
+  /// Parameters with their module paths, e.g. "layer1.0.conv1.weight".
+  torch::OrderedDict<std::string, at::Tensor> named_parameters() const { return module_->named_parameters(); }
+
+  /// While alive, backward passes accumulate gradients locally without
+  /// reducing them; the first backward after it reduces the sum:
+  ///   { auto guard = model.no_sync(); loss(model(a)).backward(); }
+  ///   loss(model(b)).backward();  // reduces the gradients of a and b
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(std::shared_ptr<detail::DataParallelCore> core)
+        : core_(std::move(core)), previous_(core_->sync()) {
+      core_->set_sync(false);
+    }
+    NoSyncGuard(NoSyncGuard&& other) noexcept : core_(std::move(other.core_)), previous_(other.previous_) {}
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+    ~NoSyncGuard() {
+      if (core_) core_->set_sync(previous_);
+    }
+
+   private:
+    std::shared_ptr<detail::DataParallelCore> core_;
+    bool previous_;
+  };
+
+  NoSyncGuard no_sync() { return NoSyncGuard(core_); }
+
+  /// Size of each gradient bucket in bytes, in reduction order (after the
+  /// first iteration: as rebuilt in the order gradients became ready).
+  std::vector<std::size_t> bucket_bytes() const { return core_->bucket_bytes(); }
+  std::size_t bucket_count() const { return bucket_bytes().size(); }
+
+ private:
+  ModuleType module_;
+  std::shared_ptr<detail::DataParallelCore> core_;
+};
+
+}  // namespace ddp

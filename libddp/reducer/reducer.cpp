@@ -1,0 +1,301 @@
+#include "reducer/reducer.h"
+
+#include <algorithm>
+#include <numeric>
+#include <unordered_set>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <ddp/errors.h>
+
+#include "reducer/bucket_assignment.h"
+
+namespace ddp::detail {
+namespace {
+
+std::vector<std::int64_t> row_major_strides(at::IntArrayRef sizes) {
+  std::vector<std::int64_t> strides(sizes.size(), 1);
+  for (std::size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<std::int64_t>(sizes[i], 1);
+  return strides;
+}
+
+}  // namespace
+
+Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, Communicator& comm,
+                 Config config)
+    : parameters_(std::move(parameters)),
+      names_(std::move(names)),
+      comm_(comm),
+      config_(std::move(config)),
+      ready_(parameters_.size(), 0),
+      used_(parameters_.size(), 0) {
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (parameters_[i].device() != comm_.device()) {
+      throw UsageError(fmt::format(
+          "libddp: parameter '{}' is on {}, but the process group communicates on {}; move the model with "
+          "model->to(process_group->device()) before wrapping it in DistributedDataParallel",
+          names_[i], parameters_[i].device().str(), comm_.device().str()));
+    }
+  }
+  // Gradients become ready roughly in reverse order of registration: the last
+  // layers first. The first iteration's real order replaces this guess.
+  std::vector<std::size_t> order(parameters_.size());
+  std::iota(order.rbegin(), order.rend(), 0);
+  build_buckets(assign_buckets(parameters_, order, config_.first_bucket_bytes, config_.bucket_bytes));
+}
+
+Reducer::~Reducer() {
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
+}
+
+void Reducer::install_hooks() {
+  std::weak_ptr<Reducer> weak = weak_from_this();
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    accumulators_.push_back(torch::autograd::impl::grad_accumulator(parameters_[i]));
+    hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto self = weak.lock()) self->on_gradient_ready(i);
+          return outputs;
+        })));
+  }
+}
+
+void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan) {
+  c10::NoGradGuard no_grad;
+  std::vector<Bucket> buckets;
+  location_.assign(parameters_.size(), {0, 0});
+  for (const auto& indices : plan) {
+    Bucket bucket;
+    bucket.parameters = indices;
+    std::int64_t total = 0;
+    for (std::size_t index : indices) total += parameters_[index].numel();
+    const at::Tensor& first = parameters_[indices.front()];
+    bucket.buffer = at::zeros({total}, first.options());
+    std::int64_t offset = 0;
+    for (std::size_t slot = 0; slot < indices.size(); ++slot) {
+      const at::Tensor& parameter = parameters_[indices[slot]];
+      // Slices keep the parameter's strides (channels_last stays channels_last),
+      // so accumulating into them needs no layout change. They alias the
+      // bucket's memory without being autograd views, which optimizers may
+      // detach_() (LibTorch 1.x zero_grad does).
+      const std::vector<std::int64_t> strides = parameter.is_non_overlapping_and_dense()
+                                                    ? parameter.strides().vec()
+                                                    : row_major_strides(parameter.sizes());
+      at::Tensor view = at::empty({0}, bucket.buffer.options())
+                            .set_(bucket.buffer.storage(), offset, parameter.sizes(), strides);
+      // Gradients accumulated so far (no_sync, or before a rebuild) move along.
+      at::Tensor& grad = parameters_[indices[slot]].mutable_grad();
+      if (grad.defined()) {
+        view.copy_(grad);
+        if (config_.gradient_as_bucket_view) grad = view;
+      }
+      bucket.views.push_back(view);
+      location_[indices[slot]] = {buckets.size(), slot};
+      offset += parameter.numel();
+    }
+    buckets.push_back(std::move(bucket));
+  }
+  buckets_ = std::move(buckets);
+}
+
+void Reducer::set_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  sync_ = sync;
+}
+
+bool Reducer::sync() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return sync_;
+}
+
+std::vector<std::size_t> Reducer::bucket_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::size_t> bytes;
+  for (const auto& bucket : buckets_) bytes.push_back(bucket.buffer.numel() * bucket.buffer.element_size());
+  return bytes;
+}
+
+void Reducer::prepare_for_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;  // a forward whose backward never ran (evaluation) leaves nothing behind
+  const bool rebuild = !rebuilt_ && reduced_iterations_ >= 1 &&
+                       (!config_.find_unused_parameters || config_.static_graph) &&
+                       ready_order_.size() == parameters_.size();
+  if (!rebuild) return;
+  // Ranks may see gradients become ready in different orders; all must use
+  // the same buckets, so rank 0's order wins.
+  at::Tensor order = at::tensor(std::vector<std::int64_t>(ready_order_.begin(), ready_order_.end()), at::kLong)
+                         .to(comm_.device());
+  comm_.broadcast(order, 0)->wait();
+  order = order.cpu();
+  std::vector<std::size_t> agreed(parameters_.size());
+  for (std::size_t i = 0; i < agreed.size(); ++i) agreed[i] = static_cast<std::size_t>(order[i].item<std::int64_t>());
+  build_buckets(assign_buckets(parameters_, agreed, config_.first_bucket_bytes, config_.bucket_bytes));
+  rebuilt_ = true;
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = sync_;
+  if (!armed_) return;
+  finalize_queued_ = false;
+  unused_marked_ = false;
+  next_bucket_ = 0;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  std::fill(used_.begin(), used_.end(), 0);
+  for (auto& bucket : buckets_) bucket.pending = bucket.parameters.size();
+  unused_.clear();
+  if (config_.find_unused_parameters) {
+    if (static_unused_) {
+      unused_ = *static_unused_;
+    } else {
+      if (outputs.empty()) {
+        throw UsageError(
+            "libddp: find_unused_parameters needs the module's forward() to return tensors (a Tensor, or a "
+            "vector, tuple or pair of them) so that it can walk the autograd graph from them");
+      }
+      unused_ = find_unused(outputs);
+      if (config_.static_graph) static_unused_ = unused_;
+    }
+  }
+}
+
+std::vector<std::size_t> Reducer::find_unused(const std::vector<at::Tensor>& outputs) const {
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<const torch::autograd::Node*> stack;
+  auto visit = [&](const torch::autograd::Node* node) {
+    if (node != nullptr && seen.insert(node).second) stack.push_back(node);
+  };
+  for (const at::Tensor& output : outputs) {
+    if (output.defined() && output.requires_grad()) {
+      visit(output.grad_fn() ? output.grad_fn().get() : torch::autograd::impl::grad_accumulator(output).get());
+    }
+  }
+  while (!stack.empty()) {
+    const torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    for (const auto& edge : node->next_edges()) visit(edge.function.get());
+  }
+  std::vector<std::size_t> unused;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (seen.count(accumulators_[i].get()) == 0) unused.push_back(i);
+  }
+  return unused;
+}
+
+void Reducer::on_gradient_ready(std::size_t index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!armed_) return;  // no_sync, or a forward that did not go through DDP
+  if (!finalize_queued_) {
+    finalize_queued_ = true;
+    std::weak_ptr<Reducer> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto self = weak.lock()) self->finalize_backward();
+    });
+  }
+  if (!unused_marked_) {
+    // Unused parameters are marked when backward starts, not after forward:
+    // a forward whose backward never comes must not launch reductions.
+    unused_marked_ = true;
+    for (std::size_t unused : unused_) mark_ready(unused, /*used=*/false);
+  }
+  mark_ready(index, /*used=*/true);
+}
+
+void Reducer::mark_ready(std::size_t index, bool used) {
+  if (ready_[index]) {
+    throw UsageError(fmt::format(
+        "libddp: parameter '{}' received its gradient twice in one backward pass. DistributedDataParallel "
+        "reduces each gradient once per backward: run backward once per forward, and mark the whole "
+        "model's graph reentrant-free (or use static_graph) if activation checkpointing reuses parameters.",
+        names_[index]));
+  }
+  ready_[index] = 1;
+  used_[index] = used ? 1 : 0;
+  if (reduced_iterations_ == 0) ready_order_.push_back(index);
+
+  c10::NoGradGuard no_grad;
+  const auto [bucket_index, slot] = location_[index];
+  Bucket& bucket = buckets_[bucket_index];
+  at::Tensor& view = bucket.views[slot];
+  at::Tensor& grad = parameters_[index].mutable_grad();
+  if (grad.defined()) {
+    if (!grad.is_alias_of(view)) {
+      view.copy_(grad);
+      if (config_.gradient_as_bucket_view) grad = view;
+    }
+  } else {
+    view.zero_();  // contributes nothing; the parameter keeps no gradient unless another rank used it
+  }
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    bucket.finish = config_.comm_hook(comm_, GradBucket{next_bucket_, bucket.buffer});
+    ++next_bucket_;
+  }
+}
+
+std::string Reducer::names_of(const std::vector<std::size_t>& indices) const {
+  std::vector<std::string> names;
+  for (std::size_t index : indices) names.push_back(names_[index]);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+void Reducer::finalize_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = false;
+  if (next_bucket_ < buckets_.size()) {
+    std::vector<std::size_t> missing;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!ready_[i]) missing.push_back(i);
+    }
+    throw UsageError(fmt::format(
+        "libddp: on rank {}, these parameters received no gradient in this backward pass, so their gradients "
+        "cannot be reduced and the other ranks would wait for them: {}. If the model does not use every "
+        "parameter in every iteration, pass DistributedDataParallelOptions().find_unused_parameters(true); "
+        "otherwise make the loss depend on every parameter (or set requires_grad(false) on those it must not "
+        "train).",
+        comm_.rank(), names_of(missing)));
+  }
+  for (auto& bucket : buckets_) {
+    bucket.finish();  // orders the caller's stream after the reduction
+    bucket.finish = nullptr;
+  }
+  if (config_.find_unused_parameters) adopt_globally_used_gradients();
+  if (!config_.gradient_as_bucket_view) {
+    c10::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      at::Tensor& grad = parameters_[i].mutable_grad();
+      const auto [bucket_index, slot] = location_[i];
+      if (grad.defined()) grad.copy_(buckets_[bucket_index].views[slot]);
+    }
+  }
+  ++reduced_iterations_;
+}
+
+void Reducer::adopt_globally_used_gradients() {
+  // A parameter no rank used keeps no gradient, exactly as in single-process
+  // training, so optimizers skip it; one that some rank used gets the average.
+  at::Tensor used = at::tensor(std::vector<std::int32_t>(used_.begin(), used_.end()), at::kInt).to(comm_.device());
+  comm_.all_reduce(used, ReduceOp::kMax)->wait_stream();
+  used = used.cpu();
+  const auto* globally_used = used.data_ptr<std::int32_t>();
+  c10::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    at::Tensor& grad = parameters_[i].mutable_grad();
+    if (grad.defined() || globally_used[i] == 0) continue;
+    const auto [bucket_index, slot] = location_[i];
+    const at::Tensor& view = buckets_[bucket_index].views[slot];
+    grad = config_.gradient_as_bucket_view ? view : view.clone();
+  }
+}
+
+}  // namespace ddp::detail

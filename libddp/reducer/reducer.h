@@ -1,0 +1,98 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <ddp/comm_hooks.h>
+#include <ddp/communicator.h>
+
+#include "compat/torch_compat.h"
+
+namespace ddp::detail {
+
+/// Averages gradients across ranks while backward runs, as PyTorch's
+/// reducer.cpp does: parameters are grouped into flat buckets; a post hook
+/// on each parameter's AccumulateGrad node marks it ready; a bucket whose
+/// parameters are all ready is reduced at once through the comm hook, in
+/// bucket order (the same on every rank); when backward ends, an engine
+/// callback orders the caller's stream after every reduction. No host
+/// synchronisation happens in any of it, except with find_unused_parameters,
+/// which needs on the host which parameters some rank used.
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  struct Config {
+    std::size_t first_bucket_bytes = 1 << 20;
+    std::size_t bucket_bytes = 25 << 20;
+    bool gradient_as_bucket_view = true;
+    bool find_unused_parameters = false;
+    bool static_graph = false;
+    CommHook comm_hook;
+  };
+
+  Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, Communicator& comm, Config config);
+  ~Reducer();
+
+  /// Registers the autograd hooks; call once, right after construction.
+  void install_hooks();
+  /// Before each forward: rebuilds the buckets in ready order once, after the first reduced iteration.
+  void prepare_for_forward();
+  /// After a forward whose backward must reduce: arms the hooks; with
+  /// find_unused_parameters, finds the parameters `outputs` do not depend on.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  void set_sync(bool sync);
+  bool sync() const;
+  std::vector<std::size_t> bucket_bytes() const;
+
+ private:
+  struct Bucket {
+    std::vector<std::size_t> parameters;  // indices into parameters_
+    at::Tensor buffer;                    // flat gradients of those parameters
+    std::vector<at::Tensor> views;        // one per parameter, shaped and strided like it
+    std::size_t pending = 0;              // parameters not ready yet in this backward
+    std::function<void()> finish;         // what the comm hook left to do
+  };
+
+  void build_buckets(const std::vector<std::vector<std::size_t>>& plan);
+  void on_gradient_ready(std::size_t index);
+  void mark_ready(std::size_t index, bool used);
+  void launch_ready_buckets();
+  void finalize_backward();
+  void adopt_globally_used_gradients();
+  std::vector<std::size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
+  std::string names_of(const std::vector<std::size_t>& indices) const;
+
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> names_;
+  Communicator& comm_;
+  Config config_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> location_;  // parameter -> (bucket, slot)
+  std::vector<compat::GradAccumulatorPtr> accumulators_;
+  std::vector<std::uintptr_t> hook_keys_;
+
+  mutable std::mutex mutex_;
+  bool sync_ = true;
+  bool armed_ = false;            // the coming backward reduces
+  bool finalize_queued_ = false;  // the engine callback for this backward is queued
+  bool unused_marked_ = false;
+  std::size_t next_bucket_ = 0;   // buckets launch strictly in order
+  std::vector<std::uint8_t> ready_;
+  std::vector<std::uint8_t> used_;
+  std::vector<std::size_t> unused_;
+  std::optional<std::vector<std::size_t>> static_unused_;
+  std::vector<std::size_t> ready_order_;  // of the first reduced backward
+  std::size_t reduced_iterations_ = 0;
+  bool rebuilt_ = false;
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,108 @@
+// DistributedDataParallel over Gloo, in real processes of 2 and 4 ranks:
+// N ranks with batch B reach the parameters of one process that accumulates
+// the gradients of the same N batches.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "support/ddp_scenarios.h"
+#include "support/multiprocess.h"
+
+namespace {
+
+using namespace ddp::testing;
+
+std::shared_ptr<ddp::ProcessGroup> init_gloo() {
+  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
+}
+
+class DdpGloo : public ::testing::TestWithParam<int> {};
+
+TEST_P(DdpGloo, MlpMatchesSingleProcess) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    check_matches_single_process(*pg, Scenario{});
+    Scenario scenario;
+    scenario.options.static_graph(true).find_unused_parameters(true);
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
+TEST_P(DdpGloo, ConvNetWithBatchNormMatchesSingleProcess) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    Scenario scenario;
+    scenario.model = Model::kConvBatchNorm;
+    check_matches_single_process(*pg, scenario);
+    scenario.channels_last = true;
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
+TEST_P(DdpGloo, UnusedBranchWithFindUnusedParametersMatchesSingleProcess) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    Scenario scenario;
+    scenario.model = Model::kBranchy;
+    scenario.steps = 4;
+    scenario.options.find_unused_parameters(true);
+    check_matches_single_process(*pg, scenario);
+    scenario.options.gradient_as_bucket_view(false);
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
+TEST_P(DdpGloo, GradientAccumulationWithNoSyncMatchesSingleProcess) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    Scenario scenario;
+    scenario.micro_steps = 3;
+    check_matches_single_process(*pg, scenario);
+    scenario.model = Model::kConvBatchNorm;
+    scenario.options.gradient_as_bucket_view(false);
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
+TEST_P(DdpGloo, BucketSizesFromTinyToOneBucketGiveTheSameResult) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    Scenario scenario;
+    scenario.model = Model::kConvBatchNorm;
+    std::size_t buckets = 0;
+    scenario.options.bucket_cap_mb(1e-6).first_bucket_cap_mb(1e-6);
+    check_matches_single_process(*pg, scenario, &buckets);
+    require(buckets == 6, "tiny buckets: expected one per parameter (6), got " + std::to_string(buckets));
+    scenario.options.bucket_cap_mb(1000).first_bucket_cap_mb(1000);
+    check_matches_single_process(*pg, scenario, &buckets);
+    require(buckets == 1, "huge buckets: expected 1, got " + std::to_string(buckets));
+    scenario.options.bucket_cap_mb(0.0005).first_bucket_cap_mb(0.0001);
+    check_matches_single_process(*pg, scenario, &buckets);
+    require(buckets > 1 && buckets < 6, "mid-size buckets: got " + std::to_string(buckets));
+  }));
+}
+
+TEST_P(DdpGloo, Bf16CompressionStaysClose) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    Scenario scenario;
+    scenario.options.comm_hook(ddp::comm_hooks::average_in(torch::kBFloat16));
+    scenario.tolerance = 1e-2;
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
+TEST_P(DdpGloo, MismatchedModelsAreReportedOnEveryRank) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) { check_model_mismatch_is_reported(*init_gloo()); }));
+}
+
+TEST_P(DdpGloo, UnusedParameterWithoutTheOptionIsReported) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) { check_unused_parameter_is_reported(*init_gloo()); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DdpGloo, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
+
+}  // namespace
