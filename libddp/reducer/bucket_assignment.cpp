@@ -5,6 +5,15 @@
 #include <tuple>
 
 namespace ddp::detail {
+namespace {
+
+std::size_t bytes_of(const std::vector<at::Tensor>& tensors, const std::vector<std::size_t>& indices) {
+  std::size_t bytes = 0;
+  for (std::size_t index : indices) bytes += static_cast<std::size_t>(tensors[index].numel()) * tensors[index].element_size();
+  return bytes;
+}
+
+}  // namespace
 
 std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tensor>& tensors,
                                                      const std::vector<std::size_t>& order,
@@ -37,6 +46,20 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tenso
   std::sort(buckets.begin(), buckets.end(), [&](const auto& a, const auto& b) {
     return position[a.front()] < position[b.front()];
   });
+  if (!buckets.empty()) {
+    std::vector<std::size_t>& last = buckets.back();
+    std::size_t tail_bytes = 0;
+    std::size_t cut = last.size();
+    while (cut > 1 && tail_bytes < first_cap_bytes) {
+      --cut;
+      tail_bytes += static_cast<std::size_t>(tensors[last[cut]].numel()) * tensors[last[cut]].element_size();
+    }
+    if (cut > 0 && cut < last.size() && tail_bytes < bytes_of(tensors, last) - tail_bytes) {
+      std::vector<std::size_t> tail(last.begin() + static_cast<long>(cut), last.end());
+      last.resize(cut);
+      buckets.push_back(std::move(tail));
+    }
+  }
   return buckets;
 }
 

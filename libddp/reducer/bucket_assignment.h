@@ -12,6 +12,8 @@ namespace ddp::detail {
 /// bucket, the first bucket of each (dtype, device) closes at `first_cap_bytes`
 /// and later ones at `cap_bytes`. Buckets come out sorted by the position of
 /// their first tensor in `order`, which is the order they are reduced in.
+/// Unlike PyTorch, the last bucket is also cut to about `first_cap_bytes`: its
+/// reduction is the one left to do after backward ends, so it should be short.
 /// Returns, per bucket, indices into `tensors`.
 std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tensor>& tensors,
                                                      const std::vector<std::size_t>& order,

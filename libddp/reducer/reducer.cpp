@@ -148,7 +148,10 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   next_bucket_ = 0;
   std::fill(ready_.begin(), ready_.end(), 0);
   std::fill(used_.begin(), used_.end(), 0);
-  for (auto& bucket : buckets_) bucket.pending = bucket.parameters.size();
+  for (auto& bucket : buckets_) {
+    bucket.pending = bucket.parameters.size();
+    bucket.to_copy.clear();
+  }
   unused_.clear();
   if (config_.find_unused_parameters) {
     if (static_unused_) {
@@ -219,20 +222,45 @@ void Reducer::mark_ready(std::size_t index, bool used) {
   used_[index] = used ? 1 : 0;
   if (reduced_iterations_ == 0) ready_order_.push_back(index);
 
-  c10::NoGradGuard no_grad;
   const auto [bucket_index, slot] = location_[index];
   Bucket& bucket = buckets_[bucket_index];
-  at::Tensor& view = bucket.views[slot];
-  at::Tensor& grad = parameters_[index].mutable_grad();
+  const at::Tensor& grad = parameters_[index].grad();
   if (grad.defined()) {
-    if (!grad.is_alias_of(view)) {
-      view.copy_(grad);
-      if (config_.gradient_as_bucket_view) grad = view;
-    }
+    // A gradient that is not the bucket's own slice (zero_grad set it to
+    // none, or views are off) is copied in once the whole bucket is ready:
+    // one kernel per bucket instead of one per parameter.
+    if (!grad.is_alias_of(bucket.views[slot])) bucket.to_copy.push_back(slot);
   } else {
-    view.zero_();  // contributes nothing; the parameter keeps no gradient unless another rank used it
+    c10::NoGradGuard no_grad;
+    bucket.views[slot].zero_();  // contributes nothing; the parameter keeps no gradient unless another rank used it
   }
-  if (--bucket.pending == 0) launch_ready_buckets();
+  if (--bucket.pending == 0) {
+    gather_into_bucket(bucket);
+    launch_ready_buckets();
+  }
+}
+
+void Reducer::gather_into_bucket(Bucket& bucket) {
+  c10::NoGradGuard no_grad;
+  std::sort(bucket.to_copy.begin(), bucket.to_copy.end());  // ready order -> layout order
+  bool one_kernel = bucket.to_copy.size() == bucket.parameters.size();
+  std::vector<at::Tensor> flat;
+  for (std::size_t slot : bucket.to_copy) {
+    const at::Tensor& grad = parameters_[bucket.parameters[slot]].grad();
+    // The slice has the parameter's strides; a gradient laid out the same way
+    // is copied as its memory, in one concatenation for the whole bucket.
+    one_kernel = one_kernel && grad.strides() == bucket.views[slot].strides() && grad.is_non_overlapping_and_dense();
+    if (one_kernel) flat.push_back(grad.as_strided({grad.numel()}, {1}, grad.storage_offset()));
+  }
+  if (one_kernel) {
+    at::cat_out(bucket.buffer, flat, 0);
+  } else {
+    for (std::size_t slot : bucket.to_copy) bucket.views[slot].copy_(parameters_[bucket.parameters[slot]].grad());
+  }
+  if (config_.gradient_as_bucket_view) {
+    for (std::size_t slot : bucket.to_copy) parameters_[bucket.parameters[slot]].mutable_grad() = bucket.views[slot];
+  }
+  bucket.to_copy.clear();
 }
 
 void Reducer::launch_ready_buckets() {

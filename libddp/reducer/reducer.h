@@ -58,12 +58,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     at::Tensor buffer;                    // flat gradients of those parameters
     std::vector<at::Tensor> views;        // one per parameter, shaped and strided like it
     std::size_t pending = 0;              // parameters not ready yet in this backward
+    std::vector<std::size_t> to_copy;     // slots whose gradient lives outside the bucket
     std::function<void()> finish;         // what the comm hook left to do
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& plan);
   void on_gradient_ready(std::size_t index);
   void mark_ready(std::size_t index, bool used);
+  void gather_into_bucket(Bucket& bucket);
   void launch_ready_buckets();
   void finalize_backward();
   void adopt_globally_used_gradients();
