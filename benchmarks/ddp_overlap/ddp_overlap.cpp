@@ -32,6 +32,7 @@ namespace {
 struct Args {
   int batch = 128;
   int iterations = 20;
+  bool communicate = true;  // false: a comm hook that does nothing, to isolate the reducer's own cost
   std::string json, markdown;
 };
 
@@ -39,13 +40,17 @@ Args parse_args(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--no-communication") {
+      args.communicate = false;
+      continue;
+    }
     if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value");
     const std::string value = argv[++i];
     if (flag == "--batch") args.batch = std::stoi(value);
     else if (flag == "--iterations") args.iterations = std::stoi(value);
     else if (flag == "--json") args.json = value;
     else if (flag == "--markdown") args.markdown = value;
-    else throw std::runtime_error("unknown flag " + flag + " (flags: --batch --iterations --json --markdown)");
+    else throw std::runtime_error("unknown flag " + flag + " (flags: --batch --iterations --no-communication --json --markdown)");
   }
   return args;
 }
@@ -106,7 +111,11 @@ int main(int argc, char** argv) {
       return median(times);
     };
     const double local = backward_ms([&] { return model->forward(input); });
-    ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, pg);
+    auto options = ddp::DistributedDataParallelOptions();
+    if (!args.communicate) {
+      options.comm_hook([](ddp::Communicator&, const ddp::GradBucket&) { return std::function<void()>([] {}); });
+    }
+    ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, pg, options);
     const double with_ddp = backward_ms([&] { return ddp_model(input); });
 
     const std::vector<std::size_t> buckets = ddp_model.bucket_bytes();
@@ -129,9 +138,9 @@ int main(int argc, char** argv) {
       const bench::RunInfo info = bench::run_info(device.index());
       const std::string header = fmt::format(
           "device: {} x {} | date: {} | commit: {} | LibTorch {} | ResNet-50, batch {}/GPU, fp32 with TF32, "
-          "channels_last | {} buckets, {:.1f} MiB of gradients",
+          "channels_last | {} buckets, {:.1f} MiB of gradients{}",
           pg->world_size(), info.gpu, info.date, info.commit, TORCH_VERSION, args.batch, buckets.size(),
-          total / 1048576.0);
+          total / 1048576.0, args.communicate ? "" : " | NO COMMUNICATION (reducer cost only)");
       const std::string table = fmt::format(
           "| local backward | DDP backward | exposed communication | all-reduce of the buckets alone | hidden |\n"
           "|---|---|---|---|---|\n"
