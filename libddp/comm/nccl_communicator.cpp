@@ -84,7 +84,11 @@ class NcclCommunicator final : public CommunicatorBase {
   NcclCommunicator(Setup setup, int device_index)
       : CommunicatorBase(setup),
         device_index_(static_cast<c10::DeviceIndex>(device_index)),
-        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_index_)) {
+        // Normal priority, as PyTorch's ProcessGroupNCCL: with a high-priority
+        // stream NCCL's kernels claimed SMs early and slowed ResNet-50's backward
+        // at batch 256 by 2.34 ms against 1.02 ms (2xH200, one run each;
+        // benchmarks/results/2026-11-22-ddp-overlap-resnet50-2xH200.md).
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_index_)) {
     c10::cuda::CUDAGuard guard(device_index_);
     const ncclUniqueId id = exchange_unique_id(*setup.store, "ddp/nccl/" + setup.name + "/unique_id");
     comm_ = create_communicator(id, setup.world_size, setup.rank, device_index, setup.timeout);
