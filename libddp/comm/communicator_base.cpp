@@ -205,21 +205,26 @@ std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail
   std::string launch_failure;
   {
     auto lock = lock_launches();
-    {
-      std::lock_guard<std::mutex> state_lock(mutex_);
-      launching_ = Launch{sequence, op, detail, deadline};
-    }
+    // launching_ names the collective inside the backend call for the
+    // watchdog, and is cleared however the call ends.
+    struct LaunchRecord {
+      CommunicatorBase& self;
+      LaunchRecord(CommunicatorBase& owner, Launch launch) : self(owner) {
+        std::lock_guard<std::mutex> state_lock(self.mutex_);
+        self.launching_ = std::move(launch);
+      }
+      ~LaunchRecord() {
+        std::lock_guard<std::mutex> state_lock(self.mutex_);
+        self.launching_.reset();
+      }
+    } record(*this, Launch{sequence, op, detail, deadline});
     try {
       backend_op = launch();
     } catch (const Error&) {
-      std::lock_guard<std::mutex> state_lock(mutex_);
-      launching_.reset();
       throw;
     } catch (const std::exception& e) {
       launch_failure = e.what();
     }
-    std::lock_guard<std::mutex> state_lock(mutex_);
-    launching_.reset();
   }
   auto work = std::make_shared<CollectiveWork>(weak_from_this(), sequence, op, std::move(detail), deadline,
                                                backend_op ? std::move(backend_op) : std::make_unique<CompletedOp>());

@@ -46,13 +46,13 @@ std::vector<std::string> split(const std::string& text) {
   return lines;
 }
 
-/// Text of `size` bytes from every rank, on the CPU, in rank order.
+/// Every rank's text (at most kReportBytes - 1 bytes each), on the CPU, in rank order.
 std::vector<std::string> all_gather_text(Communicator& comm, const std::string& mine) {
-  const auto device = at::TensorOptions().device(comm.device()).dtype(at::kByte);
+  const auto bytes_on_device = at::TensorOptions().device(comm.device()).dtype(at::kByte);
   at::Tensor local = at::zeros({kReportBytes}, at::TensorOptions().dtype(at::kByte));
   std::memcpy(local.data_ptr(), mine.data(), std::min<std::size_t>(mine.size(), kReportBytes - 1));
-  at::Tensor input = local.to(device.device());
-  at::Tensor output = at::empty({kReportBytes * comm.world_size()}, device);
+  at::Tensor input = local.to(comm.device());
+  at::Tensor output = at::empty({kReportBytes * comm.world_size()}, bytes_on_device);
   comm.all_gather(output, input)->wait();
   output = output.cpu();
   std::vector<std::string> texts;

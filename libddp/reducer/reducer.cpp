@@ -133,8 +133,8 @@ void Reducer::prepare_for_forward() {
                          .to(comm_.device());
   comm_.broadcast(order, 0)->wait();
   order = order.cpu();
-  std::vector<std::size_t> agreed(parameters_.size());
-  for (std::size_t i = 0; i < agreed.size(); ++i) agreed[i] = static_cast<std::size_t>(order[i].item<std::int64_t>());
+  const auto* indices = order.data_ptr<std::int64_t>();
+  const std::vector<std::size_t> agreed(indices, indices + order.numel());
   build_buckets(assign_buckets(parameters_, agreed, config_.first_bucket_bytes, config_.bucket_bytes));
   rebuilt_ = true;
 }
