@@ -2,9 +2,12 @@
 # Everything the GPU machine has to show, in one call on a bare machine:
 # configure against its python3 torch and NCCL, build, run the GPU tests,
 # the smoke job and the benchmarks. Logs and results go to the directory given.
-#   bash cmake/scripts/gpu_check.sh OUT_DIR
+#   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
+# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap precision
 set -uo pipefail
-out=${1:?usage: gpu_check.sh OUT_DIR}
+out=${1:?usage: gpu_check.sh OUT_DIR [STEP...]}
+shift
+wanted=("$@")
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -12,6 +15,7 @@ export DDP_GIT_COMMIT=${DDP_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null
 status=0
 step() {  # step NAME COMMAND...: runs, logs to OUT/NAME.log, remembers failure
   local name=$1; shift
+  if ((${#wanted[@]})) && [[ $name != configure && $name != build && " ${wanted[*]} " != *" $name "* ]]; then return; fi
   echo "== $name: $*"
   "$@" > >(tee "$out/$name.log") 2>&1 || { echo "!! $name failed"; status=1; }
 }
@@ -26,5 +30,6 @@ step allreduce build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/g
   --json "$out/allreduce.json" --markdown "$out/allreduce.md"
 step ddp_overlap build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/ddp_overlap/ddp_overlap \
   --json "$out/ddp_overlap.json" --markdown "$out/ddp_overlap.md"
+step precision build/gpu/benchmarks/precision/precision_bench --json "$out/precision.json" --markdown "$out/precision.md"
 echo "== gpu_check: $([[ $status == 0 ]] && echo all steps passed || echo some steps FAILED)"
 exit $status

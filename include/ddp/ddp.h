@@ -6,4 +6,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/environment.h>
 #include <ddp/errors.h>
+#include <ddp/float8.h>
+#include <ddp/grad_scaler.h>
+#include <ddp/precision.h>
 #include <ddp/process_group.h>

@@ -20,7 +20,8 @@ struct InitOptions {
   /// Deadline of every collective.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
   /// How long rank 0 waits for the others to connect, and they for rank 0.
-  TORCH_ARG(std::chrono::milliseconds, rendezvous_timeout) = std::chrono::minutes(5);
+  /// Unset: DDP_RDZV_TIMEOUT seconds (ddprun --rdzv-timeout sets it), else 5 minutes.
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, rendezvous_timeout) = std::nullopt;
 };
 
 /// Membership of this process in a job: its coordinates, its device and the

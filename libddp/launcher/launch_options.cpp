@@ -1,5 +1,6 @@
 #include "launcher/launch_options.h"
 #include "launcher/ports.h"
+#include "launcher/slurm.h"
 
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -57,6 +59,19 @@ bool is_executable(const std::string& program) {
   return false;
 }
 
+void require_writable_dir(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    throw LaunchUsageError(
+        fmt::format("--log-dir {}: cannot create the folder ({}); give a writable folder", dir, error.message()));
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    throw LaunchUsageError(
+        fmt::format("--log-dir {}: access failed: {}; give a folder you can write", dir, std::strerror(errno)));
+  }
+}
+
 }  // namespace
 
 std::string usage() {
@@ -64,16 +79,33 @@ std::string usage() {
 
 Starts one process per GPU (or N CPU processes) of a libddp or PyTorch job, with
 the environment torchrun gives its workers: RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT.
-If one worker fails, the others are stopped and ddprun exits non-zero.
+LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS.
+If one worker fails, the others on this node are stopped and ddprun exits
+non-zero, or restarts them all with --max-restarts.
 
 options:
   --nproc-per-node N|gpu|cpu|auto  processes on this node (default auto: one per
                                    visible GPU, else 2 CPU processes)
-  --master-addr HOST               host of rank 0 (default 127.0.0.1)
-  --master-port PORT               port of rank 0's rendezvous store (default 29500)
+  --nnodes N                       nodes in the job, one ddprun each (default 1)
+  --node-rank I                    this node's index, 0 to N-1 (default 0);
+                                   node 0 hosts the rendezvous store
+  --master-addr HOST               host of node 0 (default 127.0.0.1)
+  --master-port PORT               port of the rendezvous store (default 29500)
   --standalone                     single node: loopback and a free port
+  --max-restarts K                 restart all local workers up to K times when
+                                   one fails (default 0)
+  --log-dir DIR                    write each rank's output to
+                                   DIR/attempt_A/rank_R.log instead of the console
+  --tee                            with --log-dir: to the console as well
+  --rdzv-timeout SECONDS           how long workers wait for each other to join;
+                                   passed as DDP_RDZV_TIMEOUT
   --help                           this text
+
+Under SLURM (srun, one ddprun per node) with none of --nnodes, --node-rank,
+--master-addr given, they are taken from SLURM_NNODES, SLURM_NODEID and the
+first host of SLURM_JOB_NODELIST. Exit code: 0 when every worker succeeded,
+1 when the job failed, 2 for bad options, 128+N after signal N.
 )";
 }
 
@@ -82,6 +114,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
   help = false;
   std::string nproc = "auto";
   bool port_given = false;
+  bool node_options_given = false;  // any of --nnodes, --node-rank, --master-addr
   size_t i = 0;
   auto value_of = [&](const std::string& flag) -> std::string {
     if (i + 1 >= args.size()) throw LaunchUsageError(fmt::format("{} needs a value", flag));
@@ -102,13 +135,30 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
       return options;
     } else if (flag == "--nproc-per-node") {
       nproc = value();
+    } else if (flag == "--nnodes") {
+      options.nnodes = parse_int("--nnodes", value(), 1, 1 << 20);
+      node_options_given = true;
+    } else if (flag == "--node-rank") {
+      options.node_rank = parse_int("--node-rank", value(), 0, 1 << 20);
+      node_options_given = true;
     } else if (flag == "--master-addr") {
       options.master_addr = value();
+      if (options.master_addr.empty()) throw LaunchUsageError("--master-addr is empty; give the host of node 0");
+      node_options_given = true;
     } else if (flag == "--master-port") {
       options.master_port = parse_int("--master-port", value(), 1, 65535);
       port_given = true;
     } else if (flag == "--standalone") {
       options.standalone = true;
+    } else if (flag == "--max-restarts") {
+      options.max_restarts = parse_int("--max-restarts", value(), 0, 1000000);
+    } else if (flag == "--log-dir") {
+      options.log_dir = value();
+      if (options.log_dir.empty()) throw LaunchUsageError("--log-dir is empty; give a folder");
+    } else if (flag == "--tee") {
+      options.tee = true;
+    } else if (flag == "--rdzv-timeout") {
+      options.rdzv_timeout_s = parse_int("--rdzv-timeout", value(), 1, 1 << 24);
     } else if (flag.rfind("-", 0) == 0) {
       throw LaunchUsageError(fmt::format("unknown option '{}'", args[i]));
     } else {
@@ -121,13 +171,40 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
     throw LaunchUsageError(fmt::format("program '{}' does not exist or is not executable", options.command[0]));
   }
   options.nproc_per_node = parse_nproc(nproc);
+  if (options.tee && options.log_dir.empty()) {
+    throw LaunchUsageError("--tee copies the --log-dir files to the console; give --log-dir too");
+  }
+
   if (options.standalone) {
     if (port_given) throw LaunchUsageError("--standalone picks its own port; drop --master-port");
+    if (options.nnodes > 1) {
+      throw LaunchUsageError(fmt::format("--standalone runs on one node, but --nnodes is {}; drop --standalone and "
+                                         "give --master-addr and --master-port",
+                                         options.nnodes));
+    }
     options.master_addr = "127.0.0.1";
     options.master_port = free_port();
-  } else {
-    require_port_free(options.master_port);
+  } else if (!node_options_given) {
+    // srun starts one ddprun per node with no node options: SLURM knows them.
+    const auto slurm = slurm_placement([](const std::string& name) -> std::optional<std::string> {
+      const char* value = std::getenv(name.c_str());
+      if (value == nullptr) return std::nullopt;
+      return std::string(value);
+    });
+    if (slurm) {
+      options.nnodes = slurm->nnodes;
+      options.node_rank = slurm->node_rank;
+      options.master_addr = slurm->master_addr;
+      options.slurm_job_id = slurm->job_id;
+    }
   }
+  if (options.node_rank >= options.nnodes) {
+    throw LaunchUsageError(fmt::format("--node-rank {} must be smaller than --nnodes {} (node ranks count from 0)",
+                                       options.node_rank, options.nnodes));
+  }
+  if (!options.log_dir.empty()) require_writable_dir(options.log_dir);
+  // Only node 0 serves the rendezvous store; elsewhere the port is remote.
+  if (!options.standalone && options.node_rank == 0) require_port_free(options.master_port);
   return options;
 }
 

@@ -15,9 +15,16 @@ class LaunchUsageError : public std::runtime_error {
 
 struct LaunchOptions {
   int nproc_per_node = 0;
+  int nnodes = 1;
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool standalone = false;
+  int max_restarts = 0;
+  std::string log_dir;  ///< Empty: worker output goes to the console.
+  bool tee = false;     ///< With log_dir: to the console as well.
+  int rdzv_timeout_s = 0;  ///< 0: leave DDP_RDZV_TIMEOUT as the environment has it.
+  std::string slurm_job_id;  ///< Set when the node options came from SLURM.
   std::chrono::milliseconds grace_period{5000};  ///< SIGTERM to SIGKILL when tearing down.
   std::vector<std::string> command;              ///< Program and its arguments.
 };
@@ -25,8 +32,11 @@ struct LaunchOptions {
 /// ddprun's usage text.
 std::string usage();
 
-/// Parses ddprun's arguments (without argv[0]). Throws LaunchUsageError.
-/// `help` is set when --help was given (nothing else is then checked).
+/// Parses ddprun's arguments (without argv[0]) and checks that the job can
+/// start: the program exists, the log folder is writable and, on node rank 0,
+/// the rendezvous port is free. Throws LaunchUsageError. `help` is set when
+/// --help was given (nothing else is then checked). Reads SLURM_* when no
+/// node option is given.
 LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& help);
 
 /// GPUs this process may use: CUDA_VISIBLE_DEVICES when set, otherwise the

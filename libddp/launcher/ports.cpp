@@ -35,7 +35,11 @@ void require_port_free(int port) {
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_ANY);
   address.sin_port = htons(static_cast<uint16_t>(port));
-  const bool bound = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  // SO_REUSEADDR as the TCPStore sets it: connections of a previous job that
+  // linger in TIME_WAIT do not keep the store from listening, only a listener does.
+  const int reuse = 1;
+  const bool bound = fd >= 0 && ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse)) == 0 &&
+                     ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
   const int error = errno;
   if (fd >= 0) ::close(fd);
   if (!bound) {

@@ -37,6 +37,19 @@ Backend choose_backend(const InitOptions& options) {
   return is_available(Backend::kNccl) && torch::cuda::is_available() ? Backend::kNccl : Backend::kGloo;
 }
 
+std::chrono::milliseconds choose_rendezvous_timeout(const InitOptions& options) {
+  if (options.rendezvous_timeout()) return *options.rendezvous_timeout();
+  if (const char* text = std::getenv("DDP_RDZV_TIMEOUT")) {
+    char* end = nullptr;
+    const double seconds = std::strtod(text, &end);
+    if (*text == '\0' || *end != '\0' || !(seconds > 0)) {
+      throw UsageError(fmt::format("DDP_RDZV_TIMEOUT must be a positive number of seconds, got '{}'", text));
+    }
+    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  }
+  return std::chrono::minutes(5);
+}
+
 void check_backend_usable(Backend backend, const Environment& env) {
   if (!is_available(backend)) {
     throw UsageError(fmt::format(
@@ -151,7 +164,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
     throw UsageError(fmt::format("InitOptions::timeout must be positive, got {} ms", options.timeout().count()));
   }
 
-  state->store = rendezvous(env, options.rendezvous_timeout());
+  state->store = rendezvous(env, choose_rendezvous_timeout(options));
   detail::CommunicatorBase::Setup setup;
   setup.rank = env.rank;
   setup.world_size = env.world_size;

@@ -157,13 +157,12 @@ TEST(GlooFailures, CollectivesInADifferentOrderAreReported) {
   expect_all_succeeded(outcomes);
 }
 
-TEST(GlooFailures, RendezvousTimesOutWhenARankNeverStarts) {
-  RunOptions options;
-  options.env["WORLD_SIZE"] = "2";  // one process of a two-rank job
-  expect_all_succeeded(run_ranks(1, [](int) {
+/// One process of a two-rank job: init() must give up within the timeout.
+void expect_rendezvous_timeout(const ddp::InitOptions& init_options, const RunOptions& options) {
+  expect_all_succeeded(run_ranks(1, [&init_options](int) {
     const auto start = Clock::now();
     try {
-      ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).rendezvous_timeout(std::chrono::seconds(2)));
+      ddp::init(init_options);
     } catch (const ddp::Error& e) {
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
       require(seconds < 10, "rendezvous error after " + std::to_string(seconds) + " s");
@@ -173,6 +172,20 @@ TEST(GlooFailures, RendezvousTimesOutWhenARankNeverStarts) {
     }
     throw std::runtime_error("init succeeded without the second rank");
   }, options));
+}
+
+TEST(GlooFailures, RendezvousTimesOutWhenARankNeverStarts) {
+  RunOptions options;
+  options.env["WORLD_SIZE"] = "2";
+  expect_rendezvous_timeout(
+      ddp::InitOptions().backend(ddp::Backend::kGloo).rendezvous_timeout(std::chrono::seconds(2)), options);
+}
+
+TEST(GlooFailures, RendezvousTimeoutComesFromTheLauncherVariable) {
+  RunOptions options;
+  options.env["WORLD_SIZE"] = "2";
+  options.env["DDP_RDZV_TIMEOUT"] = "2";  // what ddprun --rdzv-timeout 2 passes
+  expect_rendezvous_timeout(ddp::InitOptions().backend(ddp::Backend::kGloo), options);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// main() of the GPU test binaries: without 2 GPUs they exit with 77, which
-// ctest reports as skipped rather than passed.
+// main() of the GPU test binaries: with fewer than DDP_TEST_GPUS_NEEDED GPUs
+// they exit with 77, which ctest reports as skipped rather than passed.
 
 #include <cstdio>
 #include <cstdlib>
@@ -11,8 +11,9 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const bool listing = ::testing::GTEST_FLAG(list_tests);
   const bool rank_process = std::getenv("DDP_TEST_CHILD_RANK") != nullptr;
-  if (!listing && !rank_process && torch::cuda::device_count() < 2) {
-    std::printf("SKIPPED: these tests need 2 GPUs; %d visible\n", static_cast<int>(torch::cuda::device_count()));
+  if (!listing && !rank_process && torch::cuda::device_count() < DDP_TEST_GPUS_NEEDED) {
+    std::printf("SKIPPED: these tests need %d GPU(s); %d visible\n", DDP_TEST_GPUS_NEEDED,
+                static_cast<int>(torch::cuda::device_count()));
     return 77;
   }
   return RUN_ALL_TESTS();

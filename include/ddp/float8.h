@@ -1,0 +1,127 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/arg.h>
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <ddp/process_group.h>
+
+namespace ddp {
+
+/// How the scale of an FP8 cast is chosen.
+enum class Float8Scaling {
+  /// From the amax of the tensor being cast, every time (Transformer Engine's
+  /// Float8CurrentScaling, torchao's tensorwise recipe). Costs one reduction per cast.
+  kCurrent,
+  /// From a history of earlier amaxes (Transformer Engine's DelayedScaling):
+  /// no reduction before the cast, and the amaxes can be agreed across ranks.
+  kDelayed,
+};
+
+/// How delayed scaling turns its amax history into one amax.
+enum class AmaxCompute { kMax, kMostRecent };
+
+/// FP8 recipe of a Float8Linear. Defaults: current scaling; for delayed
+/// scaling, Transformer Engine's DelayedScaling defaults.
+struct Float8Options {
+  TORCH_ARG(Float8Scaling, scaling) = Float8Scaling::kCurrent;
+  TORCH_ARG(std::int64_t, amax_history_len) = 1024;
+  TORCH_ARG(AmaxCompute, amax_compute) = AmaxCompute::kMax;
+  /// The scale is divided by 2^margin, leaving headroom for growing values.
+  TORCH_ARG(int, margin) = 0;
+  /// cuBLAS fast accumulation in the forward matmul (torchao's default).
+  /// Off by default: every product is accumulated in fp32.
+  TORCH_ARG(bool, fast_accumulation_forward) = false;
+  /// Off, the layer is exactly torch::nn::Linear.
+  TORCH_ARG(bool, enabled) = true;
+};
+
+namespace detail {
+struct Float8LinearState;
+}
+
+/// A drop-in for torch::nn::Linear whose matmuls run in FP8 on sm_89+ GPUs:
+/// the same constructor, parameters (`weight`, `bias`), initialisation and
+/// state_dict keys. Forward multiplies E4M3 input by E4M3 weight; backward
+/// multiplies the E5M2 output gradient by the E4M3 weight and input. Products
+/// accumulate in fp32; the output is bf16; the weight gradient is fp32.
+/// Input rows (all dimensions but the last) and both feature counts must be
+/// multiples of 16.
+///
+/// LibTorch modules hold their children in typed members, so no function can
+/// swap a `torch::nn::Linear` member for another type after construction.
+/// Declare the layers that may run in FP8 as Float8Linear instead: with
+/// `enabled(false)` it computes exactly what torch::nn::Linear does, and
+/// enable_float8() switches it on.
+class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
+ public:
+  Float8LinearImpl(std::int64_t in_features, std::int64_t out_features)
+      : Float8LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit Float8LinearImpl(const torch::nn::LinearOptions& options, const Float8Options& float8 = {});
+  ~Float8LinearImpl() override;
+
+  void reset() override;
+  /// torch::nn::Linear's initialisation (Kaiming uniform weight, uniform bias).
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  at::Tensor forward(const at::Tensor& input);
+
+  /// Turns FP8 on or off. On, throws UsageError where this GPU or LibTorch
+  /// cannot run FP8 matmuls, or when the shape is not a multiple of 16.
+  void set_float8_enabled(bool enabled);
+  bool float8_enabled() const { return float8_options.enabled(); }
+
+  /// The delayed-scaling state (amax histories and scales) is saved beside
+  /// `weight` and `bias`, and loading accepts a plain Linear's checkpoint.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// The latest amaxes of this layer's input, weight and output gradient
+  /// (delayed scaling), to reduce across ranks; see all_reduce_amaxes().
+  std::vector<at::Tensor> latest_amaxes();
+  /// Recomputes the scales from the amax histories (after a reduction).
+  void refresh_scales();
+
+  torch::nn::LinearOptions options;
+  Float8Options float8_options;
+  at::Tensor weight;
+  at::Tensor bias;
+
+ private:
+  std::shared_ptr<detail::Float8LinearState> state_;
+};
+TORCH_MODULE(Float8Linear);
+
+namespace float8 {
+
+/// Which layers of a model run in FP8 after enable_float8().
+struct Report {
+  std::vector<std::string> converted;                        ///< module paths
+  std::vector<std::pair<std::string, std::string>> skipped;  ///< module path, why
+};
+
+/// Decides by module path and layer whether a layer may run in FP8.
+using Filter = std::function<bool(const std::string& path, const Float8LinearImpl& layer)>;
+
+/// Switches FP8 on in every Float8Linear of `model` that `filter` accepts
+/// (all when null) and whose features are multiples of 16, and applies
+/// `options`' recipe to them. Layers left alone are reported with the
+/// reason, including plain torch::nn::Linear layers, which must be declared
+/// as Float8Linear to run in FP8. Throws UsageError where FP8 cannot run.
+Report enable_float8(torch::nn::Module& model, const Float8Options& options = {}, const Filter& filter = nullptr);
+
+/// Under delayed scaling, makes every rank use the same scales: max-reduces
+/// the latest amaxes of all Float8Linear layers of `model` in one all-reduce
+/// and recomputes their scales. Call once per iteration after backward.
+void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group);
+
+}  // namespace float8
+}  // namespace ddp

@@ -1,0 +1,87 @@
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+namespace ddp {
+
+/// The math mode of a training step.
+enum class Precision {
+  kFp32,  ///< fp32 everywhere, TF32 off: the reference.
+  kTf32,  ///< fp32 tensors, TF32 tensor cores for cuBLAS matmuls and cuDNN convolutions.
+  kBf16,  ///< autocast to bf16; parameters, gradients and optimizer state stay fp32.
+  kFp16,  ///< autocast to fp16; needs a GradScaler (loss scaling) to keep small gradients.
+  kFp8,   ///< bf16 autocast plus FP8 matmuls in the Float8Linear layers.
+};
+
+/// "fp32", "tf32", "bf16", "fp16" or "fp8".
+std::string to_string(Precision precision);
+
+/// Parses a precision name (any case). UsageError naming the valid choices otherwise.
+Precision parse_precision(const std::string& name);
+
+/// What a precision means for a training step: the autocast dtype, the TF32
+/// switches, whether gradients need loss scaling, and the dtype DDP reduces
+/// gradients in.
+///
+///   auto policy = ddp::PrecisionPolicy::parse("bf16");
+///   {
+///     ddp::PrecisionGuard guard(policy, device);
+///     loss = criterion(model(x), y);
+///   }
+///   loss.backward();
+class PrecisionPolicy {
+ public:
+  /* implicit */ PrecisionPolicy(Precision precision = Precision::kFp32);  // NOLINT
+  static PrecisionPolicy parse(const std::string& name);
+
+  Precision precision() const { return precision_; }
+  /// bf16 for bf16 and fp8, fp16 for fp16; nullopt when forward runs unautocast.
+  std::optional<c10::ScalarType> autocast_dtype() const;
+  /// TF32 for fp32 matmuls and convolutions: off only for fp32. Under the
+  /// autocast policies it applies to the operations autocast leaves in fp32.
+  bool allow_tf32() const { return precision_ != Precision::kFp32; }
+  /// fp16 only: its narrow exponent range loses small gradients without a GradScaler.
+  bool needs_grad_scaler() const { return precision_ == Precision::kFp16; }
+  /// fp8 only: Float8Linear layers run their matmuls in FP8.
+  bool uses_float8() const { return precision_ == Precision::kFp8; }
+
+  /// The dtype DDP all-reduces gradients in. Default fp32, the parameters'
+  /// dtype, as PyTorch DDP under autocast; bf16 or fp16 halve the bytes on the
+  /// wire (comm_hooks::average_in) at some cost in accuracy.
+  c10::ScalarType gradient_reduce_dtype() const { return gradient_reduce_dtype_; }
+  PrecisionPolicy& gradient_reduce_dtype(c10::ScalarType dtype);
+
+  /// Throws UsageError when `device` cannot run this policy: fp16 and fp8
+  /// need a CUDA device, fp8 an sm_89+ GPU and LibTorch >= 2.4.
+  void check_supported(c10::Device device) const;
+
+ private:
+  Precision precision_;
+  c10::ScalarType gradient_reduce_dtype_ = c10::ScalarType::Float;
+};
+
+/// Applies a policy to a region (forward and loss) and restores the previous
+/// state when it ends: autocast on `device`'s type with the policy's dtype, and
+/// the TF32 switches. Autocast state is per thread; the TF32 switches are
+/// process-wide, as in PyTorch. Guards nest.
+class PrecisionGuard {
+ public:
+  PrecisionGuard(const PrecisionPolicy& policy, c10::Device device);
+  ~PrecisionGuard();
+  PrecisionGuard(const PrecisionGuard&) = delete;
+  PrecisionGuard& operator=(const PrecisionGuard&) = delete;
+
+ private:
+  c10::DeviceType device_type_;
+  bool autocast_entered_ = false;
+  bool previous_autocast_enabled_ = false;
+  c10::ScalarType previous_autocast_dtype_ = c10::ScalarType::Undefined;
+  bool previous_tf32_cublas_ = false;
+  bool previous_tf32_cudnn_ = false;
+};
+
+}  // namespace ddp

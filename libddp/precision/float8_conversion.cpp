@@ -1,0 +1,74 @@
+#include <ddp/float8.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/nn/modules/linear.h>
+
+#include "precision/float8_support.h"
+
+namespace ddp::float8 {
+
+namespace {
+
+/// The model itself, then its descendants with their paths. The model is
+/// passed by reference and may not live in a shared_ptr, so it is not asked
+/// for itself.
+std::vector<std::pair<std::string, torch::nn::Module*>> modules_with_paths(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules{{"(root)", &model}};
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    modules.emplace_back(item.key(), item.value().get());
+  }
+  return modules;
+}
+
+}  // namespace
+
+Report enable_float8(torch::nn::Module& model, const Float8Options& options, const Filter& filter) {
+  Report report;
+  for (const auto& [path, module] : modules_with_paths(model)) {
+    if (auto* layer = dynamic_cast<Float8LinearImpl*>(module)) {
+      if (filter && !filter(path, *layer)) {
+        report.skipped.emplace_back(path, "excluded by the filter");
+        continue;
+      }
+      const auto& shape = layer->options;
+      if (shape.in_features() % 16 != 0 || shape.out_features() % 16 != 0) {
+        report.skipped.emplace_back(path, fmt::format("features {} -> {} are not multiples of 16",
+                                                      shape.in_features(), shape.out_features()));
+        continue;
+      }
+      // A GPU layer is checked now; one still on the CPU when it first runs.
+      if (layer->weight.is_cuda()) detail::check_float8_supported(layer->weight.device());
+      layer->set_float8_enabled(false);  // drops scaling state of an earlier recipe
+      layer->float8_options = Float8Options(options).enabled(false);
+      layer->set_float8_enabled(true);
+      report.converted.push_back(path);
+    } else if (dynamic_cast<torch::nn::LinearImpl*>(module) != nullptr) {
+      report.skipped.emplace_back(path, "a torch::nn::Linear; declare it as ddp::Float8Linear (same parameters and "
+                                        "state_dict keys) to let it run in FP8");
+    }
+  }
+  return report;
+}
+
+void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group) {
+  std::vector<Float8LinearImpl*> layers;
+  std::vector<at::Tensor> amaxes;
+  for (const auto& [path, module] : modules_with_paths(model)) {
+    if (auto* layer = dynamic_cast<Float8LinearImpl*>(module)) {
+      auto latest = layer->latest_amaxes();
+      if (latest.empty()) continue;
+      layers.push_back(layer);
+      amaxes.insert(amaxes.end(), latest.begin(), latest.end());
+    }
+  }
+  if (amaxes.empty() || process_group.world_size() == 1) return;
+  Communicator& communicator = process_group.communicator();
+  at::Tensor flat = at::cat(amaxes).to(communicator.device());
+  communicator.all_reduce(flat, ReduceOp::kMax)->wait_stream();
+  int64_t offset = 0;
+  for (auto& amax : amaxes) amax.copy_(flat.narrow(0, offset++, 1));
+  for (auto* layer : layers) layer->refresh_scales();
+}
+
+}  // namespace ddp::float8

@@ -1,0 +1,251 @@
+#include <ddp/float8.h>
+
+#include <cmath>
+#include <ostream>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/init.h>
+#include <torch/serialize/archive.h>
+
+#include <ddp/errors.h>
+
+#include "compat/torch_compat.h"
+#include "precision/float8_scaling.h"
+#include "precision/float8_support.h"
+
+namespace ddp {
+namespace detail {
+
+/// The scaling of the three tensors a Float8Linear casts, and the device it
+/// was checked to run FP8 on.
+struct Float8LinearState {
+  TensorScaling input;
+  TensorScaling weight;
+  TensorScaling grad_output;
+  c10::Device device{c10::kCPU};
+
+  void to(const c10::Device& target) {
+    for (TensorScaling* scaling : {&input, &weight, &grad_output}) scaling->to(target);
+    device = target;
+  }
+};
+
+/// check_device: whether `device` must be able to run FP8 now; a state
+/// loaded from a checkpoint on the CPU is checked when it meets its GPU.
+std::shared_ptr<Float8LinearState> make_float8_state(const Float8Options& options, const c10::Device& device,
+                                                     bool check_device = true) {
+#if DDP_TORCH_HAS_SCALED_MM
+  if (check_device) check_float8_supported(device);
+  auto state = std::make_shared<Float8LinearState>();
+  state->input = TensorScaling(options, at::kFloat8_e4m3fn, device);
+  state->weight = TensorScaling(options, at::kFloat8_e4m3fn, device);
+  state->grad_output = TensorScaling(options, at::kFloat8_e5m2, device);
+  state->device = device;
+  return state;
+#else
+  (void)options;
+  (void)check_device;
+  check_float8_supported(device);  // throws: this LibTorch has no FP8 matmul
+  return nullptr;
+#endif
+}
+
+namespace {
+
+#if DDP_TORCH_HAS_SCALED_MM
+/// at::_scaled_mm wants its first operand row-major and its second column-major.
+at::Tensor column_major(const at::Tensor& matrix) { return matrix.t().contiguous().t(); }
+
+at::Tensor scaled_mm(const Float8Tensor& a, const at::Tensor& b_data, const at::Tensor& b_inverse_scale,
+                     const c10::optional<at::Tensor>& bias, c10::ScalarType out_dtype, bool fast_accumulation) {
+  return at::_scaled_mm(a.data, b_data, a.inverse_scale, b_inverse_scale, bias, c10::nullopt, out_dtype,
+                        fast_accumulation);
+}
+
+/// y = x W^T + b with x and W in E4M3; backward with the output gradient in
+/// E5M2. Saves the FP8 copies, not the fp32/bf16 originals: a quarter to a
+/// half of the memory, as Transformer Engine does.
+struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias, Float8LinearState* state,
+                            bool fast_accumulation) {
+    const int64_t in_features = weight.size(1);
+    const at::Tensor rows = input.reshape({-1, in_features}).contiguous();
+    const Float8Tensor input8 = state->input.cast(rows);
+    const Float8Tensor weight8 = state->weight.cast(weight);
+    c10::optional<at::Tensor> bias_bf16;
+    if (bias.defined()) bias_bf16 = bias.to(at::kBFloat16);
+    const at::Tensor output =
+        scaled_mm(input8, weight8.data.t(), weight8.inverse_scale, bias_bf16, at::kBFloat16, fast_accumulation);
+
+    context->save_for_backward({input8.data, input8.inverse_scale, weight8.data, weight8.inverse_scale});
+    state->grad_output.save_to(context, "grad_output.");
+    context->saved_data["input_sizes"] = input.sizes().vec();
+    context->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
+    context->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    context->saved_data["has_bias"] = bias.defined();
+
+    std::vector<int64_t> output_sizes = input.sizes().vec();
+    output_sizes.back() = weight.size(0);
+    return output.view(output_sizes);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const auto saved = context->get_saved_variables();
+    const Float8Tensor input8{saved[0], saved[1]};
+    const Float8Tensor weight8{saved[2], saved[3]};
+    const auto input_sizes = context->saved_data["input_sizes"].toIntVector();
+    const auto input_dtype = static_cast<c10::ScalarType>(context->saved_data["input_dtype"].toInt());
+    const auto weight_dtype = static_cast<c10::ScalarType>(context->saved_data["weight_dtype"].toInt());
+
+    const at::Tensor grad_rows = grad_outputs[0].reshape({-1, weight8.data.size(0)}).contiguous();
+    TensorScaling grad_scaling = TensorScaling::load_from(context, "grad_output.");
+    const Float8Tensor grad8 = grad_scaling.cast(grad_rows);
+
+    // dX = dY W: [M, N] x [N, K].
+    const at::Tensor grad_input = scaled_mm(grad8, column_major(weight8.data), weight8.inverse_scale, c10::nullopt,
+                                            input_dtype, /*fast_accumulation=*/false);
+    // dW = dY^T X: [N, M] x [M, K], accumulated in fp32 and returned in the weight's dtype.
+    const Float8Tensor grad8_t{grad8.data.t().contiguous(), grad8.inverse_scale};
+    const at::Tensor grad_weight = scaled_mm(grad8_t, column_major(input8.data), input8.inverse_scale, c10::nullopt,
+                                             weight_dtype, /*fast_accumulation=*/false);
+    at::Tensor grad_bias;
+    if (context->saved_data["has_bias"].toBool()) grad_bias = grad_rows.sum(0, /*keepdim=*/false, weight_dtype);
+    return {grad_input.view(input_sizes), grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+  }
+};
+#endif
+
+}  // namespace
+}  // namespace detail
+
+Float8LinearImpl::Float8LinearImpl(const torch::nn::LinearOptions& options, const Float8Options& float8)
+    : options(options), float8_options(float8) {
+  reset();
+}
+
+Float8LinearImpl::~Float8LinearImpl() = default;
+
+void Float8LinearImpl::reset() {
+  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
+  if (options.bias()) {
+    bias = register_parameter("bias", torch::empty(options.out_features()));
+  } else {
+    bias = register_parameter("bias", {}, /*requires_grad=*/false);
+  }
+  reset_parameters();
+  state_.reset();
+}
+
+void Float8LinearImpl::reset_parameters() {
+  // torch::nn::Linear's initialisation, in the same order of random draws, so
+  // the same seed gives the same weights as a Linear.
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5));
+  if (bias.defined()) {
+    const auto [fan_in, fan_out] = torch::nn::init::_calculate_fan_in_and_fan_out(weight);
+    (void)fan_out;
+    const double bound = 1 / std::sqrt(static_cast<double>(fan_in));
+    torch::nn::init::uniform_(bias, -bound, bound);
+  }
+}
+
+void Float8LinearImpl::pretty_print(std::ostream& stream) const {
+  stream << "ddp::Float8Linear(in_features=" << options.in_features() << ", out_features=" << options.out_features()
+         << ", bias=" << (options.bias() ? "true" : "false") << ", float8=" << (float8_enabled() ? "on" : "off")
+         << ", scaling=" << (float8_options.scaling() == Float8Scaling::kDelayed ? "delayed" : "current") << ")";
+}
+
+void Float8LinearImpl::set_float8_enabled(bool enabled) {
+  if (enabled) {
+    for (const int64_t features : {options.in_features(), options.out_features()}) {
+      if (features % 16 != 0) {
+        throw UsageError(fmt::format("Float8Linear({}, {}): FP8 matmuls need feature counts that are multiples of "
+                                     "16; keep this layer in bf16",
+                                     options.in_features(), options.out_features()));
+      }
+    }
+  }
+  if (enabled != float8_options.enabled()) state_.reset();
+  float8_options.enabled(enabled);
+}
+
+at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
+  if (!float8_enabled()) return torch::nn::functional::linear(input, weight, bias);
+#if DDP_TORCH_HAS_SCALED_MM
+  if (!state_) {
+    state_ = detail::make_float8_state(float8_options, input.device());
+  } else if (state_->device != input.device()) {
+    detail::check_float8_supported(input.device());
+    state_->to(input.device());
+  }
+  const int64_t rows = input.numel() / std::max<int64_t>(1, options.in_features());
+  if (input.size(-1) != options.in_features() || rows % 16 != 0) {
+    throw UsageError(fmt::format("Float8Linear({}, {}): input of shape {} does not fit: the last dimension must be "
+                                 "{} and the rows ({}) a multiple of 16 for FP8 matmuls; pad the batch or keep this "
+                                 "layer in bf16",
+                                 options.in_features(), options.out_features(), c10::str(input.sizes()),
+                                 options.in_features(), rows));
+  }
+  return detail::Float8LinearFunction::apply(input, weight, bias, state_.get(),
+                                             float8_options.fast_accumulation_forward());
+#else
+  detail::check_float8_supported(input.device());  // throws: this LibTorch has no FP8 matmul
+  return {};
+#endif
+}
+
+std::vector<at::Tensor> Float8LinearImpl::latest_amaxes() {
+  if (!state_ || !state_->input.delayed()) return {};
+  return {state_->input.latest_amax(), state_->weight.latest_amax(), state_->grad_output.latest_amax()};
+}
+
+void Float8LinearImpl::refresh_scales() {
+  if (!state_) return;
+  state_->input.refresh_scale();
+  state_->weight.refresh_scale();
+  state_->grad_output.refresh_scale();
+}
+
+void Float8LinearImpl::save(torch::serialize::OutputArchive& archive) const {
+  torch::nn::Module::save(archive);
+  if (!state_ || !state_->input.delayed()) return;
+  // Beside weight and bias, not among the buffers, so that the parameters
+  // and their keys stay those of torch::nn::Linear.
+  torch::serialize::OutputArchive scaling(archive.compilation_unit());
+  for (auto [name, tensor_scaling] : {std::pair{"input", &state_->input}, std::pair{"weight", &state_->weight},
+                                      std::pair{"grad_output", &state_->grad_output}}) {
+    scaling.write(std::string(name) + ".amax_history", tensor_scaling->amax_history(), /*is_buffer=*/true);
+    scaling.write(std::string(name) + ".scale", tensor_scaling->scale(), /*is_buffer=*/true);
+  }
+  archive.write("float8_scaling", scaling);
+}
+
+void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
+  torch::nn::Module::load(archive);
+  torch::serialize::InputArchive scaling;
+  if (!archive.try_read("float8_scaling", scaling)) return;  // a plain Linear's checkpoint
+  if (float8_options.scaling() != Float8Scaling::kDelayed) {
+    throw UsageError("Float8Linear: the checkpoint holds delayed-scaling state but this layer uses current "
+                     "scaling; construct it with Float8Options().scaling(ddp::Float8Scaling::kDelayed)");
+  }
+  if (!state_) state_ = detail::make_float8_state(float8_options, weight.device(), /*check_device=*/false);
+  for (auto [name, tensor_scaling] : {std::pair{"input", &state_->input}, std::pair{"weight", &state_->weight},
+                                      std::pair{"grad_output", &state_->grad_output}}) {
+    at::Tensor history;
+    at::Tensor scale;
+    scaling.read(std::string(name) + ".amax_history", history, /*is_buffer=*/true);
+    scaling.read(std::string(name) + ".scale", scale, /*is_buffer=*/true);
+    if (history.sizes() != tensor_scaling->amax_history().sizes()) {
+      throw UsageError(fmt::format("Float8Linear: the checkpoint's amax history has {} entries, this layer's {}; "
+                                   "use the same amax_history_len",
+                                   history.numel(), tensor_scaling->amax_history().numel()));
+    }
+    tensor_scaling->amax_history().copy_(history);
+    tensor_scaling->scale().copy_(scale);
+  }
+}
+
+}  // namespace ddp

@@ -1,0 +1,102 @@
+#include "precision/float8_scaling.h"
+
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+#include "compat/torch_compat.h"
+
+namespace ddp::detail {
+namespace {
+
+double largest_finite(c10::ScalarType float8_dtype) {
+#if DDP_TORCH_HAS_FLOAT8
+  if (float8_dtype == at::kFloat8_e4m3fn) return 448.0;
+  if (float8_dtype == at::kFloat8_e5m2) return 57344.0;
+#endif
+  TORCH_CHECK(false, "Float8Linear: ", c10::toString(float8_dtype), " is not an FP8 dtype");
+}
+
+// Keeps an all-zero tensor from giving an infinite scale.
+constexpr double kMinAmax = 1e-12;
+
+}  // namespace
+
+TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float8_dtype, const c10::Device& device)
+    : options_(options), float8_dtype_(float8_dtype) {
+  if (delayed()) {
+    const auto fp32 = at::TensorOptions().device(device).dtype(at::kFloat);
+    amax_history_ = at::zeros({options.amax_history_len()}, fp32);
+    // Until an amax is recorded the cast is unscaled, as in Transformer Engine.
+    scale_ = at::ones({1}, fp32);
+  }
+}
+
+Float8Tensor TensorScaling::cast(const at::Tensor& tensor) {
+  const double largest = largest_finite(float8_dtype_);
+  const at::Tensor amax = tensor.abs().max().to(at::kFloat).reshape({1});
+  at::Tensor scale;
+  if (delayed()) {
+    // The scale of this cast comes from earlier amaxes; this amax enters the
+    // history for the next one.
+    scale = scale_.clone();
+    amax_history_.copy_(amax_history_.roll(1));
+    amax_history_.narrow(0, 0, 1).copy_(amax);
+    refresh_scale();
+  } else {
+    scale = largest / amax.clamp_min(kMinAmax);
+  }
+  // The conversion does not saturate: values beyond the format's range would become NaN.
+  Float8Tensor result;
+  result.data = (tensor * scale).clamp(-largest, largest).to(float8_dtype_);
+  result.inverse_scale = scale.reciprocal();
+  return result;
+}
+
+at::Tensor TensorScaling::latest_amax() const {
+  return delayed() ? amax_history_.narrow(0, 0, 1) : at::Tensor();
+}
+
+void TensorScaling::refresh_scale() {
+  if (!delayed()) return;
+  const at::Tensor amax = options_.amax_compute() == AmaxCompute::kMax ? amax_history_.max().reshape({1})
+                                                                       : amax_history_.narrow(0, 0, 1);
+  const double largest = largest_finite(float8_dtype_) / std::ldexp(1.0, options_.margin());
+  // A zero amax (nothing seen yet, or an all-zero tensor) keeps the old scale.
+  scale_.copy_(at::where(amax > 0, largest / amax.clamp_min(kMinAmax), scale_));
+}
+
+void TensorScaling::to(const c10::Device& device) {
+  if (!delayed()) return;
+  amax_history_ = amax_history_.to(device);
+  scale_ = scale_.to(device);
+}
+
+void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std::string& prefix) const {
+  auto& saved = context->saved_data;
+  saved[prefix + "scaling"] = static_cast<int64_t>(options_.scaling());
+  saved[prefix + "amax_compute"] = static_cast<int64_t>(options_.amax_compute());
+  saved[prefix + "margin"] = static_cast<int64_t>(options_.margin());
+  saved[prefix + "dtype"] = static_cast<int64_t>(float8_dtype_);
+  if (delayed()) {
+    saved[prefix + "history"] = amax_history_;
+    saved[prefix + "scale"] = scale_;
+  }
+}
+
+TensorScaling TensorScaling::load_from(torch::autograd::AutogradContext* context, const std::string& prefix) {
+  auto& saved = context->saved_data;
+  TensorScaling scaling;
+  scaling.options_.scaling(static_cast<Float8Scaling>(saved[prefix + "scaling"].toInt()))
+      .amax_compute(static_cast<AmaxCompute>(saved[prefix + "amax_compute"].toInt()))
+      .margin(static_cast<int>(saved[prefix + "margin"].toInt()));
+  scaling.float8_dtype_ = static_cast<c10::ScalarType>(saved[prefix + "dtype"].toInt());
+  if (scaling.delayed()) {
+    scaling.amax_history_ = saved[prefix + "history"].toTensor();
+    scaling.scale_ = saved[prefix + "scale"].toTensor();
+  }
+  return scaling;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,301 @@
+// ddprun as users run it: real processes, real signals. The workers are
+// launcher_probe (see its source); every test checks that none is left.
+
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "ddprun_runner.h"
+#include "launcher/ports.h"
+
+namespace ddp::launcher::testing {
+namespace {
+
+using std::chrono::seconds;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct Coordinates {
+  int rank, local_rank, world, local_world, node_rank, nnodes;
+  std::string master_addr;
+  int restart = 0;
+};
+
+void expect_coordinates(const std::map<std::string, std::string>& env, const Coordinates& want) {
+  SCOPED_TRACE("rank " + std::to_string(want.rank));
+  EXPECT_EQ(env.at("RANK"), std::to_string(want.rank));
+  EXPECT_EQ(env.at("LOCAL_RANK"), std::to_string(want.local_rank));
+  EXPECT_EQ(env.at("WORLD_SIZE"), std::to_string(want.world));
+  EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), std::to_string(want.local_world));
+  EXPECT_EQ(env.at("GROUP_RANK"), std::to_string(want.node_rank));
+  EXPECT_EQ(env.at("GROUP_WORLD_SIZE"), std::to_string(want.nnodes));
+  EXPECT_EQ(env.at("ROLE_RANK"), std::to_string(want.rank));
+  EXPECT_EQ(env.at("ROLE_WORLD_SIZE"), std::to_string(want.world));
+  EXPECT_EQ(env.at("MASTER_ADDR"), want.master_addr);
+  EXPECT_EQ(env.at("TORCHELASTIC_RESTART_COUNT"), std::to_string(want.restart));
+}
+
+std::map<std::string, std::string> probe_env(const ScratchDir& dir, int rank, int restart = 0) {
+  const std::string path = dir.path() + "/env_" + std::to_string(restart) + "_" + std::to_string(rank);
+  EXPECT_TRUE(std::filesystem::exists(path)) << path;
+  return read_env_file(path);
+}
+
+TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
+  ScratchDir scratch;
+  ListeningSocket busy;
+  const std::string probe = PROBE_PATH;
+  const std::string dir = scratch.path();
+  const std::string not_a_folder = dir + "/file";
+  std::ofstream(not_a_folder) << "x";
+  const std::string free = std::to_string(free_port());
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--bogus", probe, "env", dir}, "unknown option '--bogus'"},
+      {{"--nproc-per-node", "0", "--standalone", probe, "env", dir}, "--nproc-per-node must be in [1"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-port", free, probe, "env", dir},
+       "--node-rank 2 must be smaller than --nnodes 2"},
+      {{"--standalone", "--nnodes", "2", probe, "env", dir}, "--standalone runs on one node"},
+      {{"--master-port", std::to_string(busy.port()), probe, "env", dir},
+       "--master-port " + std::to_string(busy.port()) + " cannot be used on this host"},
+      {{"--standalone", dir + "/no_such_program"},
+       "program '" + dir + "/no_such_program' does not exist or is not executable"},
+      {{"--standalone", "--log-dir", not_a_folder + "/logs", probe, "env", dir},
+       "--log-dir " + not_a_folder + "/logs: cannot create the folder"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(message);
+    const DdprunResult result = run_ddprun(args, scratch);
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_TRUE(contains(result.output, "ddprun: error: " + message)) << result.output;
+    EXPECT_TRUE(contains(result.output, "usage: ddprun")) << result.output;
+    EXPECT_EQ(scratch.files(), std::vector<std::string>{"file"}) << "a worker was started";
+  }
+}
+
+TEST(Ddprun, TakenPortOnlyMattersOnNodeRank0) {
+  ScratchDir scratch;
+  ListeningSocket busy;
+  // Node 1 connects to node 0's store and hosts nothing, so its own port is irrelevant.
+  const DdprunResult result = run_ddprun({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+                                          "--master-port", std::to_string(busy.port()), PROBE_PATH, "env",
+                                          scratch.path()},
+                                         scratch);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(probe_env(scratch, 1).at("MASTER_PORT"), std::to_string(busy.port()));
+}
+
+TEST(Ddprun, OneProcessEnvironment) {
+  ScratchDir scratch;
+  const int port = free_port();
+  const DdprunResult result =
+      run_ddprun({"--nproc-per-node", "1", "--master-port", std::to_string(port), PROBE_PATH, "env", scratch.path()},
+                 scratch,
+                 {{"RANK", "99"},
+                  {"WORLD_SIZE", "99"},
+                  {"DDPRUN_TEST_PASSTHROUGH", "a b=c"},
+                  {"NCCL_NVLS_ENABLE", "0"},
+                  {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"},
+                  {"OMP_NUM_THREADS", std::nullopt},
+                  {"DDP_RDZV_TIMEOUT", std::nullopt}});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto env = probe_env(scratch, 0);
+  expect_coordinates(env, {0, 0, 1, 1, 0, 1, "127.0.0.1"});
+  EXPECT_EQ(env.at("MASTER_PORT"), std::to_string(port));
+  EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "0");
+  EXPECT_EQ(env.at("DDPRUN_TEST_PASSTHROUGH"), "a b=c");
+  EXPECT_EQ(env.at("NCCL_NVLS_ENABLE"), "0");
+  EXPECT_EQ(env.at("TORCH_SYMM_MEM_DISABLE_MULTICAST"), "1");
+  EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u) << "one process per node needs no thread limit";
+  EXPECT_EQ(env.count("DDP_RDZV_TIMEOUT"), 0u);
+  EXPECT_TRUE(contains(result.output, "rank 0: exited with code 0")) << result.output;
+}
+
+TEST(Ddprun, ThreeProcessEnvironment) {
+  ScratchDir scratch;
+  const DdprunResult result =
+      run_ddprun({"--standalone", "--nproc-per-node", "3", "--rdzv-timeout", "42", PROBE_PATH, "env", scratch.path()},
+                 scratch, {{"OMP_NUM_THREADS", std::nullopt}});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "OMP_NUM_THREADS is unset; setting it to 1")) << result.output;
+  std::string port;
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto env = probe_env(scratch, rank);
+    expect_coordinates(env, {rank, rank, 3, 3, 0, 1, "127.0.0.1"});
+    EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
+    EXPECT_EQ(env.at("DDP_RDZV_TIMEOUT"), "42");
+    if (rank == 0) port = env.at("MASTER_PORT");
+    EXPECT_EQ(env.at("MASTER_PORT"), port) << "all ranks must meet at one store";
+  }
+  EXPECT_NE(port, "29500") << "--standalone picks a free port";
+}
+
+TEST(Ddprun, TwoNodesOfTwoProcessesEnvironment) {
+  ScratchDir scratch;
+  const std::string port = std::to_string(free_port());
+  for (int node = 0; node < 2; ++node) {
+    ScratchDir output;
+    const DdprunResult result = run_ddprun({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
+                                            "2", "--master-addr", "10.9.8.7", "--master-port", port, PROBE_PATH,
+                                            "env", scratch.path()},
+                                           output, {{"OMP_NUM_THREADS", "4"}});
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto env = probe_env(scratch, rank);
+    expect_coordinates(env, {rank, rank % 2, 4, 2, rank / 2, 2, "10.9.8.7"});
+    EXPECT_EQ(env.at("MASTER_PORT"), port);
+    EXPECT_EQ(env.at("OMP_NUM_THREADS"), "4") << "a value the user set is kept";
+  }
+}
+
+TEST(Ddprun, SlurmVariablesGiveTheNodePlacement) {
+  ScratchDir scratch;
+  const std::string port = std::to_string(free_port());
+  const EnvChanges slurm = {{"SLURM_JOB_ID", "4242"},
+                            {"SLURM_NNODES", "2"},
+                            {"SLURM_NODEID", "1"},
+                            {"SLURM_JOB_NODELIST", "node[07-08]"}};
+  const DdprunResult result =
+      run_ddprun({"--nproc-per-node", "2", "--master-port", port, PROBE_PATH, "env", scratch.path()}, scratch, slurm);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "node 1 of 2 (from SLURM job 4242)")) << result.output;
+  for (int rank = 2; rank < 4; ++rank) {
+    expect_coordinates(probe_env(scratch, rank), {rank, rank - 2, 4, 2, 1, 2, "node07"});
+  }
+}
+
+TEST(Ddprun, ExplicitNodeOptionsWinOverSlurm) {
+  ScratchDir scratch;
+  const DdprunResult result = run_ddprun(
+      {"--nnodes", "1", "--nproc-per-node", "1", "--master-port", std::to_string(free_port()), PROBE_PATH, "env",
+       scratch.path()},
+      scratch, {{"SLURM_JOB_ID", "4242"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "1"}, {"SLURM_JOB_NODELIST", "n[1-2]"}});
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  expect_coordinates(probe_env(scratch, 0), {0, 0, 1, 1, 0, 1, "127.0.0.1"});
+}
+
+TEST(Ddprun, IncompleteSlurmEnvironmentIsAUsageError) {
+  ScratchDir scratch;
+  const DdprunResult result =
+      run_ddprun({"--nproc-per-node", "1", PROBE_PATH, "env", scratch.path()}, scratch,
+                 {{"SLURM_JOB_ID", "4242"}, {"SLURM_NNODES", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"}});
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(contains(result.output, "SLURM_NODEID is not")) << result.output;
+  EXPECT_TRUE(scratch.files().empty());
+}
+
+TEST(Ddprun, OneFailingRankStopsTheOthersQuickly) {
+  ScratchDir scratch;
+  const DdprunResult result = run_ddprun(
+      {"--standalone", "--nproc-per-node", "3", PROBE_PATH, "fail-rank", "1", scratch.path()}, scratch, {}, seconds(20));
+  const std::vector<pid_t> pids = wait_for_pid_files(scratch.path(), 3, seconds(0));
+  EXPECT_EQ(pids.size(), 3u);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  // The others sleep 60 s; SIGTERM must end them, well before the 5 s grace.
+  EXPECT_LT(result.seconds, 10.0) << result.output;
+  EXPECT_TRUE(contains(result.output, "ddprun: rank 1 exited with code 3; stopping the other workers")) << result.output;
+  EXPECT_TRUE(contains(result.output, "rank 0: was killed by signal 15")) << result.output;
+  EXPECT_TRUE(contains(result.output, "first error: probe: error: rank 1 failing on purpose")) << result.output;
+  EXPECT_TRUE(contains(result.output, "ddprun: job failed: rank 1 failed first")) << result.output;
+  EXPECT_EQ(wait_until_dead(pids, seconds(2)), std::vector<pid_t>{});
+}
+
+/// Starts two sleeping workers, signals ddprun, and checks that no worker
+/// outlives it.
+void expect_signal_leaves_no_workers(int signal, std::chrono::seconds bound) {
+  ScratchDir scratch;
+  // --max-restarts: a signal to ddprun must stop the job, not restart it.
+  const DdprunProcess ddprun = start_ddprun(
+      {"--standalone", "--nproc-per-node", "2", "--max-restarts", "3", PROBE_PATH, "sleep", scratch.path()}, scratch);
+  const std::vector<pid_t> pids = wait_for_pid_files(scratch.path(), 2, seconds(10));
+  EXPECT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(ddprun.pid, signal), 0);
+  const DdprunResult result = wait_ddprun(ddprun, bound);
+  if (signal == SIGKILL) {
+    EXPECT_EQ(result.signal, SIGKILL);
+  } else {
+    EXPECT_EQ(result.exit_code, 128 + signal) << result.output;
+    EXPECT_TRUE(contains(result.output, "rank 1: was killed by signal " + std::to_string(signal))) << result.output;
+    EXPECT_FALSE(contains(result.output, "restarting")) << result.output;
+  }
+  EXPECT_EQ(wait_until_dead(pids, seconds(5)), std::vector<pid_t>{}) << "workers outlived ddprun";
+}
+
+TEST(Ddprun, SigintStopsAllWorkers) { expect_signal_leaves_no_workers(SIGINT, seconds(10)); }
+
+TEST(Ddprun, SigtermStopsAllWorkers) { expect_signal_leaves_no_workers(SIGTERM, seconds(10)); }
+
+TEST(Ddprun, SigkillOfDdprunLeavesNoWorkers) { expect_signal_leaves_no_workers(SIGKILL, seconds(5)); }
+
+TEST(Ddprun, RestartsUntilTheProgramSucceeds) {
+  ScratchDir scratch;
+  const std::string logs = scratch.path() + "/logs";
+  const DdprunResult result = run_ddprun({"--standalone", "--nproc-per-node", "2", "--max-restarts", "2",
+                                          "--log-dir", logs, "--tee", PROBE_PATH, "fail-before-restart", "2",
+                                          scratch.path()},
+                                         scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (int restart = 0; restart <= 2; ++restart) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto env = probe_env(scratch, rank, restart);
+      expect_coordinates(env, {rank, rank, 2, 2, 0, 1, "127.0.0.1", restart});
+      EXPECT_EQ(env.at("TORCHELASTIC_MAX_RESTARTS"), "2");
+    }
+    EXPECT_TRUE(std::filesystem::exists(logs + "/attempt_" + std::to_string(restart) + "/rank_1.log"));
+  }
+  EXPECT_TRUE(contains(result.output, "restarting all 2 local workers (restart 2 of 2)")) << result.output;
+  EXPECT_TRUE(contains(result.output, "summary of attempt 3 of at most 3")) << result.output;
+  EXPECT_TRUE(contains(result.output, "job succeeded after 2 restart(s)")) << result.output;
+  EXPECT_TRUE(contains(read_file(logs + "/attempt_0/rank_0.log"), "rank 0 failing on purpose (restart count 0)"));
+}
+
+TEST(Ddprun, GivesUpAfterMaxRestarts) {
+  ScratchDir scratch;
+  const DdprunResult result = run_ddprun({"--standalone", "--nproc-per-node", "2", "--max-restarts", "1", PROBE_PATH,
+                                          "fail-before-restart", "2", scratch.path()},
+                                         scratch);
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_TRUE(std::filesystem::exists(scratch.path() + "/env_1_0"));
+  EXPECT_FALSE(std::filesystem::exists(scratch.path() + "/env_2_0"));
+  EXPECT_TRUE(contains(result.output, "job failed: rank 0 failed first in the last of 2 attempts")) << result.output;
+}
+
+TEST(Ddprun, LogDirWritesOneFilePerRank) {
+  ScratchDir scratch;
+  const std::string logs = scratch.path() + "/logs";
+  const DdprunResult result =
+      run_ddprun({"--standalone", "--nproc-per-node", "2", "--log-dir", logs, PROBE_PATH, "talk"}, scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string log = read_file(logs + "/attempt_0/rank_" + std::to_string(rank) + ".log");
+    EXPECT_TRUE(contains(log, "out line from rank " + std::to_string(rank) + "\n")) << log;
+    EXPECT_TRUE(contains(log, "err line from rank " + std::to_string(rank) + "\n")) << log;
+  }
+  EXPECT_FALSE(contains(result.output, "line from rank")) << "without --tee nothing goes to the console";
+  EXPECT_TRUE(contains(result.output, "goes to " + logs + "/attempt_0/rank_N.log")) << result.output;
+}
+
+TEST(Ddprun, TeeAlsoPrintsWithRankPrefix) {
+  ScratchDir scratch;
+  const std::string logs = scratch.path() + "/logs";
+  const DdprunResult result =
+      run_ddprun({"--standalone", "--nproc-per-node", "2", "--log-dir", logs, "--tee", PROBE_PATH, "talk"}, scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "[rank1]: out line from rank 1")) << result.output;
+  EXPECT_TRUE(contains(result.output, "[rank0]: err line from rank 0")) << result.output;
+  EXPECT_TRUE(contains(read_file(logs + "/attempt_0/rank_1.log"), "out line from rank 1"));
+}
+
+}  // namespace
+}  // namespace ddp::launcher::testing

@@ -1,0 +1,122 @@
+// ddprun's option parsing and SLURM derivation, in process.
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "launcher/launch_options.h"
+#include "launcher/ports.h"
+#include "launcher/slurm.h"
+
+namespace ddp::launcher {
+namespace {
+
+LaunchOptions parse(const std::vector<std::string>& args) {
+  bool help = false;
+  return parse_launch_options(args, help);
+}
+
+TEST(LaunchOptions, ParsesNodeAndRestartOptionsInBothSpellings) {
+  const std::string port = std::to_string(free_port());
+  const LaunchOptions options = parse({"--nnodes", "3", "--node_rank=2", "--nproc-per-node", "4", "--master-addr",
+                                       "10.0.0.1", "--master-port", port, "--max-restarts=5", "--rdzv-timeout", "90",
+                                       "/bin/true", "--nnodes", "7"});
+  EXPECT_EQ(options.nnodes, 3);
+  EXPECT_EQ(options.node_rank, 2);
+  EXPECT_EQ(options.nproc_per_node, 4);
+  EXPECT_EQ(options.master_addr, "10.0.0.1");
+  EXPECT_EQ(options.master_port, std::stoi(port));
+  EXPECT_EQ(options.max_restarts, 5);
+  EXPECT_EQ(options.rdzv_timeout_s, 90);
+  EXPECT_TRUE(options.log_dir.empty());
+  // Everything after the program belongs to the program.
+  EXPECT_EQ(options.command, (std::vector<std::string>{"/bin/true", "--nnodes", "7"}));
+}
+
+TEST(LaunchOptions, RejectsBadValuesNamingTheOption) {
+  const std::map<std::vector<std::string>, std::string> cases = {
+      {{"--nnodes", "0", "/bin/true"}, "--nnodes must be in [1"},
+      {{"--node-rank", "-1", "/bin/true"}, "--node-rank must be in [0"},
+      {{"--max-restarts", "many", "/bin/true"}, "--max-restarts expects an integer, got 'many'"},
+      {{"--rdzv-timeout", "0", "/bin/true"}, "--rdzv-timeout must be in [1"},
+      {{"--nnodes", "2", "--node-rank", "2", "--master-addr", "h", "/bin/true"},
+       "--node-rank 2 must be smaller than --nnodes 2"},
+      {{"--standalone", "--nnodes", "2", "/bin/true"}, "--standalone runs on one node"},
+      {{"--tee", "--standalone", "/bin/true"}, "--tee copies the --log-dir files"},
+      {{"--log-dir", "/proc/ddprun_logs", "--standalone", "/bin/true"}, "--log-dir /proc/ddprun_logs"},
+      {{"--nnodes"}, "--nnodes needs a value"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(args.front());
+    try {
+      parse(args);
+      ADD_FAILURE() << "accepted";
+    } catch (const LaunchUsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(SlurmNodeList, FirstHostOfEachForm) {
+  EXPECT_EQ(first_slurm_host("node17"), "node17");
+  EXPECT_EQ(first_slurm_host("node[01-04,07]"), "node01");
+  EXPECT_EQ(first_slurm_host("node[07,01-04]"), "node07");
+  EXPECT_EQ(first_slurm_host("alpha,beta,gamma"), "alpha");
+  EXPECT_EQ(first_slurm_host("gpu[3-4],cpu[1-8]"), "gpu3");
+  EXPECT_EQ(first_slurm_host("rack[2-3]-node[001-016]"), "rack2-node001");
+  EXPECT_THROW(first_slurm_host("node[01-04"), LaunchUsageError);
+  EXPECT_THROW(first_slurm_host(""), LaunchUsageError);
+}
+
+EnvLookup lookup_in(std::map<std::string, std::string> env) {
+  return [env](const std::string& name) -> std::optional<std::string> {
+    const auto found = env.find(name);
+    if (found == env.end()) return std::nullopt;
+    return found->second;
+  };
+}
+
+TEST(SlurmPlacement, NoneOutsideSlurm) {
+  EXPECT_FALSE(slurm_placement(lookup_in({{"SLURM_NNODES", "4"}})).has_value());
+}
+
+TEST(SlurmPlacement, StepVariablesWinOverTheJobs) {
+  const auto placement = slurm_placement(lookup_in({{"SLURM_JOB_ID", "77"},
+                                                    {"SLURM_NNODES", "8"},
+                                                    {"SLURM_JOB_NODELIST", "big[01-08]"},
+                                                    {"SLURM_STEP_NUM_NODES", "2"},
+                                                    {"SLURM_STEP_NODELIST", "big[05-06]"},
+                                                    {"SLURM_NODEID", "1"}}));
+  ASSERT_TRUE(placement.has_value());
+  EXPECT_EQ(placement->job_id, "77");
+  EXPECT_EQ(placement->nnodes, 2);
+  EXPECT_EQ(placement->node_rank, 1);
+  EXPECT_EQ(placement->master_addr, "big05");
+}
+
+TEST(SlurmPlacement, MissingOrInconsistentVariablesAreNamed) {
+  const std::map<std::string, std::string> base = {
+      {"SLURM_JOB_ID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_JOB_NODELIST", "n[1-2]"}};
+  const std::map<std::string, std::string> cases = {
+      {"SLURM_NODEID", "SLURM_NODEID is not"},
+      {"SLURM_NNODES", "neither SLURM_STEP_NUM_NODES nor SLURM_NNODES"},
+      {"SLURM_JOB_NODELIST", "neither SLURM_STEP_NODELIST nor SLURM_JOB_NODELIST"},
+  };
+  for (const auto& [missing, message] : cases) {
+    SCOPED_TRACE(missing);
+    auto env = base;
+    env.erase(missing);
+    try {
+      slurm_placement(lookup_in(env));
+      ADD_FAILURE() << "accepted";
+    } catch (const LaunchUsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  auto env = base;
+  env["SLURM_NODEID"] = "2";
+  EXPECT_THROW(slurm_placement(lookup_in(env)), LaunchUsageError);
+}
+
+}  // namespace
+}  // namespace ddp::launcher
