@@ -49,7 +49,7 @@ class TensorScaling {
   Float8Options options_;
   c10::ScalarType float8_dtype_ = c10::ScalarType::Undefined;
   at::Tensor amax_history_;  // [amax_history_len] fp32, newest first
-  at::Tensor scale_;         // [1] fp32
+  at::Tensor scale_;         // 0-dim fp32
 };
 
 }  // namespace ddp::detail
