@@ -1,6 +1,7 @@
 #pragma once
 
 // libddp: distributed data-parallel training for LibTorch.
+#include <ddp/checkpoint.h>
 #include <ddp/comm_hooks.h>
 #include <ddp/communicator.h>
 #include <ddp/distributed_data_parallel.h>
@@ -8,5 +9,6 @@
 #include <ddp/errors.h>
 #include <ddp/float8.h>
 #include <ddp/grad_scaler.h>
+#include <ddp/optim.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>

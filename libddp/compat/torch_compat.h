@@ -28,6 +28,9 @@
 #define DDP_TORCH_HAS_CPU_AMP_KERNELS 0
 #endif
 
+// ATen's fused AdamW kernel (what torch.optim.AdamW(fused=True) runs).
+#define DDP_TORCH_HAS_FUSED_ADAMW __has_include(<ATen/ops/_fused_adamw.h>)
+
 namespace ddp::compat {
 
 /// Owning pointer to a parameter's AccumulateGrad node: std::shared_ptr in

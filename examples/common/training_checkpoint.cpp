@@ -1,0 +1,104 @@
+#include "training_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/serialize/archive.h>
+
+#include <ddp/checkpoint.h>
+#include <ddp/errors.h>
+
+namespace examples {
+namespace {
+
+constexpr std::int64_t kFormatVersion = 1;
+
+/// This rank's generators: the CPU one and, on a GPU, the device's.
+std::vector<at::Generator> generators(const c10::Device& device) {
+  std::vector<at::Generator> list{at::globalContext().defaultGenerator(c10::Device(c10::kCPU))};
+  if (device.is_cuda()) list.push_back(at::globalContext().defaultGenerator(device));
+  return list;
+}
+
+at::Tensor generator_state(const c10::Device& device) {
+  std::vector<at::Tensor> states;
+  for (auto& generator : generators(device)) states.push_back(generator.get_state());
+  return at::cat(states);
+}
+
+void set_generator_state(const c10::Device& device, const at::Tensor& state) {
+  int64_t offset = 0;
+  for (auto& generator : generators(device)) {
+    const int64_t size = generator.get_state().numel();
+    generator.set_state(state.narrow(0, offset, size).clone());
+    offset += size;
+  }
+}
+
+c10::IValue read(torch::serialize::InputArchive& archive, const std::string& path, const char* key) {
+  c10::IValue value;
+  if (!archive.try_read(key, value)) {
+    throw ddp::UsageError(fmt::format("checkpoint '{}' has no '{}': it is not a training checkpoint of these examples",
+                                      path, key));
+  }
+  return value;
+}
+
+}  // namespace
+
+void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, const ddp::GradScaler& scaler,
+                              const TrainingState& state) {
+  // Generator states have the same size on every rank (same generator kinds).
+  const at::Tensor mine = generator_state(process_group.device()).to(process_group.device());
+  at::Tensor all = at::empty({process_group.world_size() * mine.numel()}, mine.options());
+  process_group.communicator().all_gather(all, mine)->wait();
+  const at::Tensor all_on_host = all.cpu().view({process_group.world_size(), -1});
+
+  ddp::checkpoint::save_on_rank0(process_group, path, [&](torch::serialize::OutputArchive& archive) {
+    archive.write("format_version", c10::IValue(kFormatVersion));
+    archive.write("fingerprint", c10::IValue(state.fingerprint));
+    archive.write("step", c10::IValue(state.step));
+    archive.write("data_position", c10::IValue(state.data_position));
+    archive.write("generator_states", all_on_host);
+    torch::serialize::OutputArchive model_archive, optimizer_archive, scaler_archive;
+    model.save(model_archive);
+    optimizer.save(optimizer_archive);
+    scaler.save(scaler_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+    archive.write("scaler", scaler_archive);
+  });
+}
+
+void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, torch::nn::Module& model,
+                              torch::optim::Optimizer& optimizer, ddp::GradScaler& scaler, TrainingState& state) {
+  torch::serialize::InputArchive archive;
+  ddp::checkpoint::load(archive, path);
+  const std::int64_t version = read(archive, path, "format_version").toInt();
+  if (version != kFormatVersion) {
+    throw ddp::UsageError(fmt::format("checkpoint '{}' has format version {}; this program reads version {}", path,
+                                      version, kFormatVersion));
+  }
+  const std::string fingerprint = read(archive, path, "fingerprint").toStringRef();
+  if (fingerprint != state.fingerprint) {
+    throw ddp::UsageError(fmt::format("checkpoint '{}' belongs to another run and cannot be resumed here:\n"
+                                      "  checkpoint: {}\n  this run:   {}\n"
+                                      "Resume with the same flags and number of ranks, or start a new run",
+                                      path, fingerprint, state.fingerprint));
+  }
+  state.step = read(archive, path, "step").toInt();
+  state.data_position = read(archive, path, "data_position").toIntVector();
+  at::Tensor all_states;
+  archive.read("generator_states", all_states);
+
+  torch::serialize::InputArchive model_archive, optimizer_archive, scaler_archive;
+  archive.read("model", model_archive);
+  archive.read("optimizer", optimizer_archive);
+  archive.read("scaler", scaler_archive);
+  model.load(model_archive);
+  optimizer.load(optimizer_archive);
+  scaler.load(scaler_archive);
+  set_generator_state(process_group.device(), all_states[process_group.rank()]);
+}
+
+}  // namespace examples

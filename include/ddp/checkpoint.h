@@ -1,0 +1,37 @@
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
+
+namespace ddp {
+
+class ProcessGroup;
+
+namespace checkpoint {
+
+/// Writes `archive` to `path` so that `path` always holds either the previous
+/// complete checkpoint or the new one, never a torn file: the bytes go to a
+/// temporary file in the same directory, which is flushed to disk (fsync) and
+/// renamed over `path`; then the directory entry is flushed too. Throws Error
+/// naming the path and the failing call.
+void save(torch::serialize::OutputArchive& archive, const std::string& path);
+
+/// Loads a checkpoint written by save(). Throws UsageError naming the path
+/// when it is missing, unreadable, or not a checkpoint (truncated or corrupt).
+void load(torch::serialize::InputArchive& archive, const std::string& path);
+
+/// The usual pattern of data-parallel training: rank 0 fills an archive with
+/// `write` and saves it atomically while the others wait, so that when this
+/// returns on any rank the checkpoint is complete on disk. An error on rank 0
+/// reaches every rank (the others fail at the barrier instead of going on
+/// without a checkpoint).
+void save_on_rank0(ProcessGroup& process_group, const std::string& path,
+                   const std::function<void(torch::serialize::OutputArchive&)>& write);
+
+}  // namespace checkpoint
+}  // namespace ddp

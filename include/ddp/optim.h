@@ -1,0 +1,22 @@
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+namespace ddp::optim {
+
+/// torch::optim::AdamW whose step runs ATen's fused multi-tensor kernel
+/// (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs) for CUDA
+/// parameters, where the LibTorch version has it: one pass over parameters,
+/// gradients and moments instead of a dozen kernels per parameter. Elsewhere
+/// (CPU parameters, amsgrad, LibTorch 1.x) it is AdamW's own step. Options,
+/// state and checkpoints are AdamW's, so either loads the other's.
+class FusedAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  /// Whether the next step() takes the fused path.
+  bool fused() const;
+};
+
+}  // namespace ddp::optim

@@ -1,0 +1,61 @@
+// FusedAdamW on a GPU takes the fused kernel and matches torch::optim::AdamW,
+// and the two read each other's checkpoints.
+
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/optim.h>
+
+namespace {
+
+std::vector<torch::Tensor> make_parameters() {
+  torch::manual_seed(0);
+  std::vector<torch::Tensor> params;
+  for (auto shape : std::vector<std::vector<int64_t>>{{64, 32}, {32}, {7, 3, 3, 3}, {1}}) {
+    params.push_back(torch::randn(shape, torch::kCUDA).requires_grad_());
+  }
+  return params;
+}
+
+void set_gradients(std::vector<torch::Tensor>& params, int step) {
+  torch::manual_seed(100 + step);
+  for (auto& p : params) p.mutable_grad() = torch::randn_like(p);
+}
+
+TEST(FusedAdamW, MatchesAdamWAndSharesItsCheckpoints) {
+  const auto options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas({0.9, 0.95});
+  auto fused_params = make_parameters();
+  auto reference_params = make_parameters();
+  ddp::optim::FusedAdamW fused(fused_params, options);
+  torch::optim::AdamW reference(reference_params, options);
+  ASSERT_TRUE(fused.fused());
+  for (int step = 0; step < 5; ++step) {
+    set_gradients(fused_params, step);
+    set_gradients(reference_params, step);
+    fused.step();
+    reference.step();
+  }
+  for (size_t i = 0; i < fused_params.size(); ++i) {
+    EXPECT_LT((fused_params[i] - reference_params[i]).abs().max().item<double>(), 1e-6) << "parameter " << i;
+    EXPECT_FALSE(torch::equal(fused_params[i], make_parameters()[i])) << "parameter " << i << " never moved";
+  }
+
+  // The fused optimizer's state continues in a plain AdamW.
+  std::stringstream stream;
+  torch::save(fused, stream);
+  auto resumed_params = make_parameters();
+  for (size_t i = 0; i < resumed_params.size(); ++i) resumed_params[i].data().copy_(fused_params[i]);
+  torch::optim::AdamW resumed(resumed_params, options);
+  torch::load(resumed, stream);
+  set_gradients(fused_params, 5);
+  set_gradients(resumed_params, 5);
+  fused.step();
+  resumed.step();
+  for (size_t i = 0; i < fused_params.size(); ++i) {
+    EXPECT_LT((fused_params[i] - resumed_params[i]).abs().max().item<double>(), 1e-6) << "parameter " << i;
+  }
+}
+
+}  // namespace
