@@ -36,11 +36,27 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(bool, static_graph) = false;
   /// How buckets are reduced (default: comm_hooks::average()).
   TORCH_ARG(CommHook, comm_hook) = nullptr;
+  /// Record each backward's device timeline: when its kernels ran, when
+  /// each bucket became ready and when its reduction ran (GPU runs only).
+  /// Read it with DistributedDataParallel::timings().
+  TORCH_ARG(bool, record_timeline) = false;
+  /// Also write it as Chrome-trace JSON (Perfetto, chrome://tracing) when the
+  /// DDP object is destroyed. Unset: the DDP_TIMELINE variable, a path
+  /// prefix to which each rank appends ".rank<N>.json".
+  TORCH_ARG(std::string, timeline_path) = "";
+};
+
+/// Device times of one reduced backward pass, from the end of forward.
+struct IterationTiming {
+  double backward_ms = 0;                ///< Until the last backward kernel ends.
+  double communication_ms = 0;           ///< Time the bucket reductions ran.
+  double exposed_communication_ms = 0;   ///< Reductions still running after the last backward kernel.
 };
 
 namespace detail {
 
 class Reducer;
+class Timeline;
 
 /// The part of DistributedDataParallel that does not depend on the module type.
 class DataParallelCore {
@@ -53,12 +69,14 @@ class DataParallelCore {
   void set_sync(bool sync);
   bool sync() const;
   std::vector<std::size_t> bucket_bytes() const;
+  std::vector<IterationTiming> timings() const;
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
+  std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Reducer> reducer_;
 };
 
@@ -164,6 +182,11 @@ class DistributedDataParallel {
   /// first iteration: as rebuilt in the order gradients became ready).
   std::vector<std::size_t> bucket_bytes() const { return core_->bucket_bytes(); }
   std::size_t bucket_count() const { return bucket_bytes().size(); }
+
+  /// The recorded timeline of every reduced backward so far (with
+  /// record_timeline or a timeline path; empty otherwise or on CPU backends).
+  /// Waits for the device to finish them.
+  std::vector<IterationTiming> timings() const { return core_->timings(); }
 
  private:
   ModuleType module_;

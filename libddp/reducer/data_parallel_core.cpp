@@ -1,6 +1,7 @@
 #include <ddp/distributed_data_parallel.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -10,6 +11,7 @@
 
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
+#include "reducer/timeline.h"
 
 namespace ddp::detail {
 namespace {
@@ -56,6 +58,15 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   config.find_unused_parameters = options.find_unused_parameters();
   config.static_graph = options.static_graph();
   config.comm_hook = options.comm_hook() ? options.comm_hook() : comm_hooks::average();
+  std::string timeline_path = options.timeline_path();
+  const char* prefix = std::getenv("DDP_TIMELINE");
+  if (timeline_path.empty() && prefix != nullptr && *prefix != '\0') {
+    timeline_path = fmt::format("{}.rank{}.json", prefix, process_group_->rank());
+  }
+  if (options.record_timeline() || !timeline_path.empty()) {
+    timeline_ = std::make_shared<Timeline>(comm.device(), process_group_->rank(), timeline_path);
+    config.timeline = timeline_;
+  }
   reducer_ = std::make_shared<Reducer>(std::move(trained), std::move(names), comm, std::move(config));
   reducer_->install_hooks();
 }
@@ -77,5 +88,8 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
 void DataParallelCore::set_sync(bool sync) { reducer_->set_sync(sync); }
 bool DataParallelCore::sync() const { return reducer_->sync(); }
 std::vector<std::size_t> DataParallelCore::bucket_bytes() const { return reducer_->bucket_bytes(); }
+std::vector<IterationTiming> DataParallelCore::timings() const {
+  return timeline_ ? timeline_->timings() : std::vector<IterationTiming>{};
+}
 
 }  // namespace ddp::detail

@@ -14,6 +14,7 @@
 #include <ddp/errors.h>
 
 #include "reducer/bucket_assignment.h"
+#include "reducer/timeline.h"
 
 namespace ddp::detail {
 namespace {
@@ -143,6 +144,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = sync_;
   if (!armed_) return;
+  if (config_.timeline) config_.timeline->begin_backward();
   finalize_queued_ = false;
   unused_marked_ = false;
   next_bucket_ = 0;
@@ -266,7 +268,11 @@ void Reducer::gather_into_bucket(Bucket& bucket) {
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
-    bucket.finish = config_.comm_hook(comm_, GradBucket{next_bucket_, bucket.buffer});
+    std::unique_ptr<Communicator> observer;
+    if (config_.timeline) {
+      observer = config_.timeline->observe(comm_, next_bucket_, bucket.buffer.numel() * bucket.buffer.element_size());
+    }
+    bucket.finish = config_.comm_hook(observer ? *observer : comm_, GradBucket{next_bucket_, bucket.buffer});
     ++next_bucket_;
   }
 }
@@ -293,6 +299,7 @@ void Reducer::finalize_backward() {
         "train).",
         comm_.rank(), names_of(missing)));
   }
+  if (config_.timeline) config_.timeline->end_backward_compute();
   for (auto& bucket : buckets_) {
     bucket.finish();  // orders the caller's stream after the reduction
     bucket.finish = nullptr;

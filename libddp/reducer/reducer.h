@@ -18,6 +18,8 @@
 
 namespace ddp::detail {
 
+class Timeline;
+
 /// Averages gradients across ranks while backward runs, as PyTorch's
 /// reducer.cpp does: parameters are grouped into flat buckets; a post hook
 /// on each parameter's AccumulateGrad node marks it ready; a bucket whose
@@ -35,6 +37,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     bool find_unused_parameters = false;
     bool static_graph = false;
     CommHook comm_hook;
+    std::shared_ptr<Timeline> timeline;  // null: not recorded
   };
 
   Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, Communicator& comm, Config config);

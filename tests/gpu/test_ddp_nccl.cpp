@@ -1,6 +1,10 @@
 // DistributedDataParallel over NCCL on 2 GPUs: the same equivalence with
 // single-process training as over Gloo. Exits with 77 (skipped) without 2 GPUs.
 
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -57,6 +61,45 @@ TEST(DdpNccl, MisuseIsReported) {
     auto pg = init_nccl();
     check_model_mismatch_is_reported(*pg);
     check_unused_parameter_is_reported(*pg);
+  }));
+}
+
+TEST(DdpNccl, TimelineRecordsEveryBucketReductionAndWritesATrace) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl();
+    const std::string path = "ddp_timeline_test.rank" + std::to_string(rank) + ".json";
+    std::size_t buckets = 0;
+    {
+      torch::manual_seed(0);
+      auto model = torch::nn::Sequential(torch::nn::Linear(1024, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 1024),
+                                         torch::nn::ReLU(), torch::nn::Linear(1024, 10));
+      model->to(pg->device());
+      ddp::DistributedDataParallel<torch::nn::Sequential> ddp_model(
+          model, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(2).first_bucket_cap_mb(1).timeline_path(path));
+      const auto input = torch::randn({256, 1024}, torch::TensorOptions().device(pg->device()));
+      for (int step = 0; step < 3; ++step) {
+        model->zero_grad();
+        ddp_model(input).sum().backward();
+      }
+      { ddp_model(input).sum(); }  // a forward without backward records nothing
+      const auto timings = ddp_model.timings();
+      buckets = ddp_model.bucket_count();
+      require(timings.size() == 3, "recorded " + std::to_string(timings.size()) + " iterations, expected 3");
+      for (const auto& t : timings) {
+        require(t.backward_ms > 0 && t.communication_ms > 0, "empty timing");
+        require(t.exposed_communication_ms >= 0 && t.exposed_communication_ms <= t.communication_ms + 1e-3,
+                "exposed " + std::to_string(t.exposed_communication_ms) + " ms exceeds communication " +
+                    std::to_string(t.communication_ms) + " ms");
+      }
+    }  // the trace is written when the DDP object goes
+    std::ifstream file(path);
+    const std::string trace((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+    require(trace.find("\"traceEvents\"") != std::string::npos, "no trace written to " + path);
+    for (std::size_t b = 0; b < buckets; ++b) {
+      require(trace.find("bucket " + std::to_string(b) + " all_reduce") != std::string::npos,
+              "bucket " + std::to_string(b) + " missing from the trace");
+    }
+    std::remove(path.c_str());
   }));
 }
 
