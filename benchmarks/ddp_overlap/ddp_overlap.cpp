@@ -39,6 +39,7 @@ struct Args {
   int iterations = 20;
   double bucket_cap_mb = 25;
   std::string timeline;  // Chrome-trace path prefix
+  bool record_timeline = true;  // false: measure DDP without the timeline's events
   bool communicate = true;  // false: a comm hook that does nothing, to isolate the reducer's own cost
   std::string json, markdown;
 };
@@ -47,8 +48,8 @@ Args parse_args(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--no-communication") {
-      args.communicate = false;
+    if (flag == "--no-communication" || flag == "--no-timeline") {
+      (flag == "--no-communication" ? args.communicate : args.record_timeline) = false;
       continue;
     }
     if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value");
@@ -59,7 +60,7 @@ Args parse_args(int argc, char** argv) {
     else if (flag == "--timeline") args.timeline = value;
     else if (flag == "--json") args.json = value;
     else if (flag == "--markdown") args.markdown = value;
-    else throw std::runtime_error("unknown flag " + flag + " (flags: --batch --iterations --bucket-cap-mb --timeline --no-communication --json --markdown)");
+    else throw std::runtime_error("unknown flag " + flag + " (flags: --batch --iterations --bucket-cap-mb --timeline --no-timeline --no-communication --json --markdown)");
   }
   return args;
 }
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
       return median(times);
     };
     const double local = backward_ms([&] { return model->forward(input); });
-    auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(args.bucket_cap_mb).record_timeline(true);
+    auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(args.bucket_cap_mb).record_timeline(args.record_timeline);
     if (!args.timeline.empty()) options.timeline_path(fmt::format("{}.rank{}.json", args.timeline, pg->rank()));
     if (!args.communicate) {
       options.comm_hook([](ddp::Communicator&, const ddp::GradBucket&) { return std::function<void()>([] {}); });
@@ -134,9 +135,9 @@ int main(int argc, char** argv) {
       timeline_comm.push_back(timings[i].communication_ms);
       timeline_exposed.push_back(timings[i].exposed_communication_ms);
     }
-    const double tl_backward = median(timeline_backward);
-    const double tl_comm = median(timeline_comm);
-    const double tl_exposed = median(timeline_exposed);
+    const double tl_backward = timings.empty() ? 0 : median(timeline_backward);
+    const double tl_comm = timings.empty() ? 0 : median(timeline_comm);
+    const double tl_exposed = timings.empty() ? 0 : median(timeline_exposed);
     const double tl_hidden = tl_comm > 0 ? 1.0 - tl_exposed / tl_comm : 1.0;
 
     const std::vector<std::size_t> buckets = ddp_model.bucket_bytes();
@@ -162,13 +163,17 @@ int main(int argc, char** argv) {
           "channels_last | {} buckets (cap {} MiB), {:.1f} MiB of gradients{}",
           pg->world_size(), info.gpu, info.date, info.commit, TORCH_VERSION, args.batch, buckets.size(),
           args.bucket_cap_mb, total / 1048576.0, args.communicate ? "" : " | NO COMMUNICATION (reducer cost only)");
-      const std::string table = fmt::format(
+      std::string table = fmt::format(
           "| local backward | DDP backward | exposed communication | all-reduce of the buckets alone | hidden |\n"
           "|---|---|---|---|---|\n"
-          "| {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.1f}% |\n\n"
-          "Timeline (device events, same iterations): backward {:.2f} ms; the reductions ran {:.2f} ms, of which "
-          "{:.3f} ms after the last backward kernel: **{:.1f}% hidden**.\n",
-          local, with_ddp, exposed, communication, 100 * hidden, tl_backward, tl_comm, tl_exposed, 100 * tl_hidden);
+          "| {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.2f} ms | {:.1f}% |\n",
+          local, with_ddp, exposed, communication, 100 * hidden);
+      table += args.record_timeline
+                   ? fmt::format("\nTimeline (device events, same iterations): backward {:.2f} ms; the reductions "
+                                 "ran {:.2f} ms, of which {:.3f} ms after the last backward kernel: **{:.1f}% "
+                                 "hidden**.\n",
+                                 tl_backward, tl_comm, tl_exposed, 100 * tl_hidden)
+                   : "\n(timeline not recorded)\n";
       std::printf("%s\n\n%s", header.c_str(), table.c_str());
       if (!args.markdown.empty()) std::ofstream(args.markdown) << "# DDP overlap\n\n" << header << "\n\n" << table;
       if (!args.json.empty()) {
