@@ -40,12 +40,11 @@ std::string duration(double seconds) {
 }  // namespace
 
 Progress::Progress(int rank, std::int64_t total_steps, std::string unit, const std::string& metrics_path,
-                   c10::Device device, std::int64_t print_every)
+                   c10::Device device)
     : active_(rank == 0),
       total_steps_(total_steps),
       unit_(std::move(unit)),
       device_(device),
-      print_every_(std::max<std::int64_t>(1, print_every)),
       live_line_(::isatty(STDOUT_FILENO) == 1) {
   if (active_ && !metrics_path.empty()) {
     metrics_ = std::fopen(metrics_path.c_str(), "a");
@@ -62,26 +61,22 @@ Progress::~Progress() {
 
 void Progress::record(const StepMetrics& m) {
   if (!active_) return;
-  recent_items_ += m.items;
-  recent_seconds_ += m.seconds;
+  const double step_seconds = m.seconds / static_cast<double>(std::max<std::int64_t>(1, m.steps));
   // The first steps include warm-up (cuDNN autotuning, allocator growth):
   // an exponential average lets the ETA forget them.
-  average_step_seconds_ = average_step_seconds_ == 0 ? m.seconds : 0.9 * average_step_seconds_ + 0.1 * m.seconds;
+  average_step_seconds_ = average_step_seconds_ == 0 ? step_seconds : 0.7 * average_step_seconds_ + 0.3 * step_seconds;
   const double throughput = m.seconds > 0 ? m.items / m.seconds : 0;
   const double peak_gib = static_cast<double>(peak_memory_bytes(device_)) / (1 << 30);
   if (metrics_ != nullptr) {
     std::fprintf(metrics_,
                  "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"step_seconds\": %.6f, \"throughput\": %.2f, "
                  "\"peak_memory_gib\": %.3f}\n",
-                 static_cast<long long>(m.step), m.loss, m.learning_rate, m.seconds, throughput, peak_gib);
+                 static_cast<long long>(m.step), m.loss, m.learning_rate, step_seconds, throughput, peak_gib);
     std::fflush(metrics_);
   }
-  if (m.step % print_every_ != 0 && m.step != total_steps_) return;
-  const double window_throughput = recent_seconds_ > 0 ? recent_items_ / recent_seconds_ : 0;
-  recent_items_ = recent_seconds_ = 0;
   const std::string line =
       fmt::format("step {}/{} | loss {:.4f} | lr {:.3g} | {:.0f} {} | ETA {} | peak mem {:.2f} GiB", m.step,
-                  total_steps_, m.loss, m.learning_rate, window_throughput, unit_,
+                  total_steps_, m.loss, m.learning_rate, throughput, unit_,
                   duration(average_step_seconds_ * static_cast<double>(total_steps_ - m.step)), peak_gib);
   if (live_line_) {
     std::printf("\r\033[K%s", line.c_str());

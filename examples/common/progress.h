@@ -13,12 +13,14 @@
 
 namespace examples {
 
+/// What the steps since the last report did.
 struct StepMetrics {
-  std::int64_t step = 0;  ///< 1-based, after the optimizer step.
-  double loss = 0;
+  std::int64_t step = 0;   ///< Optimizer steps done (1-based).
+  std::int64_t steps = 1;  ///< Steps since the last report.
+  double loss = 0;         ///< Of the last step, averaged over ranks.
   double learning_rate = 0;
-  double items = 0;    ///< Images or tokens this step processed, over all ranks.
-  double seconds = 0;  ///< Wall time of the step.
+  double items = 0;    ///< Images or tokens those steps processed, over all ranks.
+  double seconds = 0;  ///< Their wall time.
 };
 
 /// Peak memory of the run so far: allocated CUDA memory on a GPU, the
@@ -29,7 +31,7 @@ class Progress {
  public:
   /// unit: "img/s" or "tok/s". metrics_path: "" for none. Only rank 0 prints and writes.
   Progress(int rank, std::int64_t total_steps, std::string unit, const std::string& metrics_path,
-           c10::Device device, std::int64_t print_every);
+           c10::Device device);
   ~Progress();
 
   void record(const StepMetrics& metrics);
@@ -43,11 +45,8 @@ class Progress {
   std::int64_t total_steps_;
   std::string unit_;
   c10::Device device_;
-  std::int64_t print_every_;
   std::FILE* metrics_ = nullptr;
   bool live_line_;  // a terminal: rewrite one line instead of scrolling
-  double recent_items_ = 0;
-  double recent_seconds_ = 0;
   double average_step_seconds_ = 0;
 };
 

@@ -1,0 +1,163 @@
+#include "trainer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/nn/utils/clip_grad.h>
+
+#include "lr_schedule.h"
+#include "progress.h"
+#include "training_checkpoint.h"
+
+namespace examples {
+
+void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup) {
+  flags.add("steps", std::to_string(default_steps), "optimizer steps of the run")
+      .add("lr", fmt::format("{}", default_lr), "peak learning rate, reached after the warmup")
+      .add("min-lr", "0", "learning rate at the end of the cosine decay")
+      .add("warmup", std::to_string(default_warmup), "steps of linear warmup")
+      .add("grad-accum", "1", "micro-batches per optimizer step (no_sync for all but the last)")
+      .add("clip-grad-norm", "0", "clip the gradient norm to this (0: off)")
+      .add("log-every", "10", "steps between progress lines (each costs a device synchronisation)")
+      .add("checkpoint", "", "checkpoint file (written by rank 0, atomically)")
+      .add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)")
+      .add_switch("resume", "continue from --checkpoint if it exists")
+      .add("eval-every", "0", "steps between evaluations (0: only at the end)")
+      .add("metrics", "", "JSON-lines metrics log (rank 0)")
+      .add("fail-at-step", "-1", "testing restarts: the last rank aborts after this step on the first attempt");
+}
+
+TrainerOptions trainer_options(const Flags& flags) {
+  TrainerOptions options;
+  options.steps = flags.integer("steps");
+  options.peak_lr = flags.real("lr");
+  options.min_lr = flags.real("min-lr");
+  options.warmup_steps = flags.integer("warmup");
+  options.grad_accum = flags.integer("grad-accum");
+  options.clip_grad_norm = flags.real("clip-grad-norm");
+  options.log_every = flags.integer("log-every");
+  options.checkpoint = flags.str("checkpoint");
+  options.checkpoint_every = flags.integer("checkpoint-every");
+  options.resume = flags.on("resume");
+  options.eval_every = flags.integer("eval-every");
+  options.metrics = flags.str("metrics");
+  options.fail_at_step = flags.integer("fail-at-step");
+  if (options.steps < 1) flags.fail("--steps must be at least 1");
+  if (options.grad_accum < 1) flags.fail("--grad-accum must be at least 1");
+  if (options.log_every < 1) flags.fail("--log-every must be at least 1");
+  if (options.warmup_steps < 0 || options.checkpoint_every < 0 || options.eval_every < 0) {
+    flags.fail("--warmup, --checkpoint-every and --eval-every must not be negative");
+  }
+  if (options.resume && options.checkpoint.empty()) flags.fail("--resume needs --checkpoint");
+  return options;
+}
+
+Trainer::Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::PrecisionPolicy& policy,
+                 torch::nn::Module& model, torch::optim::Optimizer& optimizer, TrainerOptions options)
+    : process_group_(std::move(process_group)),
+      policy_(policy),
+      model_(model),
+      optimizer_(optimizer),
+      options_(std::move(options)),
+      scaler_(ddp::GradScaler::for_policy(policy, process_group_)) {}
+
+void Trainer::save(const TrainingCallbacks& callbacks, std::int64_t step) {
+  TrainingState state;
+  state.step = step;
+  state.data_position = callbacks.data_position();
+  state.fingerprint = options_.fingerprint;
+  save_training_checkpoint(*process_group_, options_.checkpoint, model_, optimizer_, scaler_, state);
+}
+
+double Trainer::run(const TrainingCallbacks& callbacks) {
+  const int rank = process_group_->rank();
+  const c10::Device device = process_group_->device();
+  Progress progress(rank, options_.steps, options_.unit, options_.metrics, device);
+
+  std::int64_t step = 0;
+  if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
+    TrainingState state;
+    state.fingerprint = options_.fingerprint;
+    load_training_checkpoint(*process_group_, options_.checkpoint, model_, optimizer_, scaler_, state);
+    callbacks.seek_data(state.data_position);
+    step = state.step;
+    progress.note(fmt::format("resumed from {} at step {}", options_.checkpoint, step));
+    progress.event("resume", fmt::format("\"step\": {}", step));
+  }
+
+  const char* restart_count = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const bool first_attempt = restart_count == nullptr || std::string(restart_count) == "0";
+  const double loss_weight = 1.0 / static_cast<double>(options_.grad_accum);
+  const double items_per_step = options_.items_per_micro_batch * static_cast<double>(options_.grad_accum) *
+                                process_group_->world_size();
+  auto window_start = std::chrono::steady_clock::now();
+  std::int64_t window_steps = 0;
+  double last_loss = 0;
+
+  const auto evaluate = [&](std::int64_t at_step) {
+    if (!callbacks.evaluate) return;
+    const auto [line, json] = callbacks.evaluate();
+    progress.note(fmt::format("step {}: {}", at_step, line));
+    progress.event("eval", fmt::format("\"step\": {}, {}", at_step, json));
+  };
+
+  while (step < options_.steps) {
+    const double lr = warmup_cosine(step, options_.warmup_steps, options_.steps, options_.peak_lr, options_.min_lr);
+    for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+    optimizer_.zero_grad();
+    at::Tensor loss;
+    for (std::int64_t micro = 0; micro < options_.grad_accum; ++micro) {
+      loss = callbacks.micro_step(/*sync=*/micro + 1 == options_.grad_accum, scaler_, loss_weight);
+    }
+    if (options_.clip_grad_norm > 0) {
+      scaler_.unscale_(optimizer_);
+      std::vector<at::Tensor> params;
+      for (auto& group : optimizer_.param_groups()) params.insert(params.end(), group.params().begin(), group.params().end());
+      torch::nn::utils::clip_grad_norm_(params, options_.clip_grad_norm);
+    }
+    scaler_.step(optimizer_);
+    scaler_.update();
+    ++step;
+    ++window_steps;
+
+    if (step % options_.log_every == 0 || step == options_.steps) {
+      // Averaged over ranks, so that the log shows the job's loss, not rank 0's.
+      at::Tensor mean = loss.to(at::kFloat).reshape({1}).to(device);
+      process_group_->communicator().all_reduce(mean, ddp::ReduceOp::kAvg)->wait();
+      last_loss = mean.item<double>();  // synchronises: the window's time is the device's
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      StepMetrics metrics;
+      metrics.step = step;
+      metrics.steps = window_steps;
+      metrics.loss = last_loss;
+      metrics.learning_rate = lr;
+      metrics.items = items_per_step * static_cast<double>(window_steps);
+      metrics.seconds = seconds;
+      progress.record(metrics);
+      window_steps = 0;
+      window_start = std::chrono::steady_clock::now();
+    }
+    const bool checkpoint_due = !options_.checkpoint.empty() &&
+                                ((options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) ||
+                                 step == options_.steps);
+    if (checkpoint_due) save(callbacks, step);
+    if (options_.eval_every > 0 && step % options_.eval_every == 0 && step != options_.steps) evaluate(step);
+    if (step == options_.fail_at_step && first_attempt && rank == process_group_->world_size() - 1) {
+      std::fprintf(stderr, "rank %d: --fail-at-step %lld: aborting to test the restart\n", rank,
+                   static_cast<long long>(step));
+      std::abort();
+    }
+    // Checkpoints and evaluations right after a report stay out of the next
+    // window's throughput; elsewhere they count (steps are not timed one by one).
+    if (window_steps == 0) window_start = std::chrono::steady_clock::now();
+  }
+  evaluate(step);
+  return last_loss;
+}
+
+}  // namespace examples

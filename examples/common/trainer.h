@@ -1,0 +1,85 @@
+#pragma once
+
+// The training loop both examples share: learning-rate schedule, gradient
+// accumulation, loss scaling and clipping, progress and metrics, periodic
+// checkpoints and an exact resume. Each example supplies the parts that
+// differ (the micro-step, the data position, the evaluation).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <ddp/grad_scaler.h>
+#include <ddp/precision.h>
+#include <ddp/process_group.h>
+
+#include "flags.h"
+
+namespace examples {
+
+struct TrainerOptions {
+  std::int64_t steps = 100;  ///< Optimizer steps of the whole run.
+  std::int64_t warmup_steps = 10;
+  double peak_lr = 0.1;
+  double min_lr = 0;
+  std::int64_t grad_accum = 1;  ///< Micro-batches per optimizer step.
+  double clip_grad_norm = 0;    ///< 0: no clipping.
+  std::int64_t log_every = 10;
+  std::string checkpoint;             ///< "": no checkpoints.
+  std::int64_t checkpoint_every = 0;  ///< 0: only at the end.
+  bool resume = false;                ///< Continue from `checkpoint` if it exists.
+  std::int64_t eval_every = 0;        ///< 0: only at the end.
+  std::string metrics;                ///< JSON-lines log; "": none.
+  /// For testing restarts: the last rank aborts after this step, on the
+  /// first attempt of a ddprun --max-restarts job only.
+  std::int64_t fail_at_step = -1;
+  std::string unit;                  ///< "img/s" or "tok/s".
+  double items_per_micro_batch = 0;  ///< Images or tokens per micro-batch and rank.
+  std::string fingerprint;           ///< What a checkpoint must match to be resumed.
+};
+
+/// Declares the flags of TrainerOptions, with the example's defaults for the
+/// learning rate and the step counts.
+void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup);
+/// Reads them back (unit, items and fingerprint are the example's to set).
+TrainerOptions trainer_options(const Flags& flags);
+
+struct TrainingCallbacks {
+  /// Forward and backward of one micro-batch: the forward under the
+  /// precision guard, then scaler.scale(loss * loss_weight).backward(); with
+  /// sync false inside the DDP module's no_sync(). Returns the loss, detached.
+  std::function<at::Tensor(bool sync, ddp::GradScaler& scaler, double loss_weight)> micro_step;
+  std::function<std::vector<std::int64_t>()> data_position;
+  std::function<void(const std::vector<std::int64_t>&)> seek_data;
+  /// Optional: evaluates the model and returns a line to print (rank 0) and
+  /// a JSON object body for the metrics log.
+  std::function<std::pair<std::string, std::string>()> evaluate;
+};
+
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::PrecisionPolicy& policy,
+          torch::nn::Module& model, torch::optim::Optimizer& optimizer, TrainerOptions options);
+
+  /// Trains until options.steps, resuming first when asked. Returns the loss
+  /// of the last step, averaged over ranks.
+  double run(const TrainingCallbacks& callbacks);
+
+ private:
+  void save(const TrainingCallbacks& callbacks, std::int64_t step);
+
+  std::shared_ptr<ddp::ProcessGroup> process_group_;
+  ddp::PrecisionPolicy policy_;
+  torch::nn::Module& model_;
+  torch::optim::Optimizer& optimizer_;
+  TrainerOptions options_;
+  ddp::GradScaler scaler_;
+};
+
+}  // namespace examples

@@ -1,0 +1,200 @@
+// A LLaMA-architecture decoder trained with libddp: one process per GPU,
+// started by ddprun. Presets from a CPU-sized `tiny` to TinyLlama-1.1B and
+// LLaMA-2-7B; every dimension can be overridden.
+//
+//   ddprun --nproc-per-node gpu build/examples/llama/train_llama --preset tinyllama-1.1b --precision bf16
+//   build/examples/make_tokens --input book.txt --output book.bin
+//   ddprun --nproc-per-node gpu build/examples/llama/train_llama --preset tiny --data book.bin
+//
+// AdamW (fused on GPUs) without decay on norms, warmup then cosine, gradient
+// clipping, gradient accumulation with no_sync, optional activation
+// checkpointing; fp8 runs the decoder's linear layers in FP8.
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "flags.h"
+#include "llama_model.h"
+#include "tokens.h"
+#include "trainer.h"
+
+namespace {
+
+using DataParallelLlama = ddp::DistributedDataParallel<llama::Llama>;
+
+at::Tensor next_token_loss(DataParallelLlama& model, const data::TokenBatch& batch, const c10::Device& device,
+                           const ddp::PrecisionPolicy& policy, bool through_ddp) {
+  const at::Tensor inputs = batch.inputs().to(device, /*non_blocking=*/true);
+  const at::Tensor targets = batch.targets().to(device, /*non_blocking=*/true);
+  ddp::PrecisionGuard guard(policy, device);
+  const at::Tensor logits = through_ddp ? model(inputs) : model.module()->forward(inputs);
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                              targets.reshape({-1}));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags("train_llama", "Trains a LLaMA-architecture decoder with libddp DistributedDataParallel.");
+  flags.add("preset", "tiny", "tiny | tinyllama-1.1b | llama2-7b")
+      .add("dim", "", "model width (default: the preset's)")
+      .add("layers", "", "decoder blocks")
+      .add("heads", "", "attention heads")
+      .add("kv-heads", "", "key/value heads (grouped-query attention)")
+      .add("ffn", "", "hidden size of the SwiGLU feed-forward")
+      .add("vocab", "", "vocabulary size")
+      .add("seq-len", "", "tokens per sequence")
+      .add("precision", "bf16", "fp32 | tf32 | bf16 | fp16 | fp8")
+      .add("batch", "4", "sequences per micro-batch and rank")
+      .add("data", "synthetic", "'synthetic', or a token file (make_tokens; llm.c or nanoGPT layout)")
+      .add("val-data", "", "token file for validation (default: the training data, in file order)")
+      .add("eval-batches", "10", "validation batches per rank at each evaluation")
+      .add_switch("activation-checkpointing", "recompute each block's activations in backward to save memory")
+      .add("weight-decay", "0.1", "AdamW weight decay (not on norms)")
+      .add("beta2", "0.95", "AdamW beta2")
+      .add("seed", "0", "random seed");
+  examples::add_trainer_flags(flags, /*default_lr=*/3e-4, /*default_steps=*/200, /*default_warmup=*/20);
+  flags.parse(argc, argv);
+
+  llama::LlamaConfig config;
+  try {
+    config = llama::LlamaConfig::preset(flags.str("preset"));
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
+  const auto override_dimension = [&](const char* flag, std::int64_t& field) {
+    if (!flags.given(flag)) return;
+    field = flags.integer(flag);
+    if (field < 1) flags.fail(fmt::format("--{} must be positive", flag));
+  };
+  override_dimension("dim", config.dim);
+  override_dimension("layers", config.n_layers);
+  override_dimension("heads", config.n_heads);
+  override_dimension("kv-heads", config.n_kv_heads);
+  override_dimension("ffn", config.ffn_hidden);
+  override_dimension("vocab", config.vocab_size);
+  override_dimension("seq-len", config.max_seq_len);
+  if (config.dim % config.n_heads != 0 || config.n_heads % config.n_kv_heads != 0) {
+    flags.fail(fmt::format("--dim ({}) must be a multiple of --heads ({}), and --heads of --kv-heads ({})", config.dim,
+                           config.n_heads, config.n_kv_heads));
+  }
+  config.activation_checkpointing = flags.on("activation-checkpointing");
+  const std::int64_t batch = flags.integer("batch");
+  if (batch < 1) flags.fail("--batch must be at least 1");
+
+  const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
+  auto process_group = ddp::init();
+  const auto device = process_group->device();
+  policy.check_supported(device);
+
+  data::TokenBatchOptions token_options;
+  token_options.batch_size = batch;
+  token_options.seq_len = config.max_seq_len;
+  token_options.rank = process_group->rank();
+  token_options.world_size = process_group->world_size();
+  token_options.seed = static_cast<std::uint64_t>(flags.integer("seed"));
+  token_options.vocab_size = config.vocab_size;
+  std::unique_ptr<data::TokenSource> train_data, val_data;
+  if (flags.str("data") == "synthetic") {
+    train_data = std::make_unique<data::SyntheticTokens>(token_options);
+    auto val = token_options;
+    val.seed += 1;
+    val_data = std::make_unique<data::SyntheticTokens>(val);
+  } else {
+    train_data = std::make_unique<data::TokenBatches>(flags.str("data"), token_options);
+    auto val = token_options;
+    val.shuffle = false;
+    val_data = std::make_unique<data::TokenBatches>(
+        flags.str("val-data").empty() ? flags.str("data") : flags.str("val-data"), val);
+  }
+
+  torch::manual_seed(flags.integer("seed"));
+  llama::Llama model(config);
+  model->to(device);
+  if (policy.uses_float8()) {
+    // The output head stays in bf16, as Transformer Engine and torchao
+    // recommend: its logits feed the softmax directly.
+    const auto report = ddp::float8::enable_float8(
+        *model, ddp::Float8Options(),
+        [](const std::string& path, const ddp::Float8LinearImpl&) { return path != "output"; });
+    if (process_group->rank() == 0) {
+      std::printf("fp8: %zu linear layers in FP8, %zu left in bf16\n", report.converted.size(),
+                  report.skipped.size());
+    }
+  }
+  DataParallelLlama ddp_model(model, process_group);
+
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& param : model->parameters()) (param.dim() >= 2 ? decay : no_decay).push_back(param);
+  const auto adamw = torch::optim::AdamWOptions(flags.real("lr")).betas({0.9, flags.real("beta2")});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(adamw).weight_decay(flags.real("weight-decay"))));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(adamw).weight_decay(0)));
+  ddp::optim::FusedAdamW optimizer(std::move(groups), adamw);
+
+  auto options = examples::trainer_options(flags);
+  options.unit = "tok/s";
+  options.items_per_micro_batch = static_cast<double>(batch * config.max_seq_len);
+  options.fingerprint =
+      fmt::format("llama dim={} layers={} heads={}/{} ffn={} vocab={} seq={} batch={}x{} ranks={} precision={} "
+                  "data={} seed={}",
+                  config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.ffn_hidden, config.vocab_size,
+                  config.max_seq_len, batch, options.grad_accum, process_group->world_size(),
+                  ddp::to_string(policy.precision()), flags.str("data"), flags.integer("seed"));
+  if (process_group->rank() == 0) {
+    std::printf("LLaMA %s: %.3f B parameters, %lld layers, dim %lld; %d x %s, %s, %lld x %lld sequences of %lld "
+                "tokens per rank; optimizer %s\n",
+                flags.str("preset").c_str(), static_cast<double>(config.parameter_count()) / 1e9,
+                static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
+                process_group->world_size(), device.str().c_str(), ddp::to_string(policy.precision()).c_str(),
+                static_cast<long long>(batch), static_cast<long long>(options.grad_accum),
+                static_cast<long long>(config.max_seq_len), optimizer.fused() ? "fused AdamW" : "AdamW");
+    std::printf("uniform-guess loss: ln(%lld) = %.3f\n", static_cast<long long>(config.vocab_size),
+                std::log(static_cast<double>(config.vocab_size)));
+  }
+
+  examples::TrainingCallbacks callbacks;
+  callbacks.micro_step = [&](bool sync, ddp::GradScaler& scaler, double loss_weight) {
+    const data::TokenBatch tokens = train_data->next();
+    std::optional<DataParallelLlama::NoSyncGuard> no_sync;
+    if (!sync) no_sync.emplace(ddp_model.no_sync());
+    const at::Tensor loss = next_token_loss(ddp_model, tokens, device, policy, /*through_ddp=*/true);
+    scaler.scale(loss * loss_weight).backward();
+    return loss.detach();
+  };
+  callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };
+  callbacks.seek_data = [&](const std::vector<std::int64_t>& position) { train_data->seek(position.at(0)); };
+  const std::int64_t eval_batches = flags.integer("eval-batches");
+  if (eval_batches > 0) {
+    callbacks.evaluate = [&]() -> std::pair<std::string, std::string> {
+      torch::NoGradGuard no_grad;
+      val_data->seek(0);
+      at::Tensor total = torch::zeros({1}, torch::TensorOptions().device(device));
+      for (std::int64_t i = 0; i < eval_batches; ++i) {
+        total += next_token_loss(ddp_model, val_data->next(), device, policy, /*through_ddp=*/false);
+      }
+      process_group->communicator().all_reduce(total, ddp::ReduceOp::kAvg)->wait();
+      const double loss = total.item<double>() / static_cast<double>(eval_batches);
+      return {fmt::format("validation loss {:.4f} (perplexity {:.2f})", loss, std::exp(loss)),
+              fmt::format("\"val_loss\": {:.6f}", loss)};
+    };
+  }
+  examples::Trainer trainer(process_group, policy, *model, optimizer, options);
+  trainer.run(callbacks);
+  return 0;
+} catch (const ddp::UsageError& e) {
+  std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+  return 2;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "train_llama: error: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,181 @@
+// ResNet-50 on ImageNet-shaped data with libddp: one process per GPU, started
+// by ddprun. The same program trains on one GPU, many GPUs, or CPU processes.
+//
+//   ddprun --nproc-per-node gpu build/examples/resnet50/train_resnet50 --precision bf16
+//   ddprun --nproc-per-node gpu build/examples/resnet50/train_resnet50 --data /data/imagenet-shards --steps 50000
+//
+// SGD with momentum and weight decay (none on BatchNorm and biases), linear
+// warmup then cosine, label smoothing, channels_last. Data: synthetic batches
+// by default, or the shards convert_imagefolder writes (docs/data_formats.md).
+
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "images.h"
+#include "flags.h"
+#include "resnet.h"
+#include "trainer.h"
+
+namespace {
+
+/// Top-1 and top-5 accuracy over `batches` batches of `source`, summed over ranks.
+std::pair<std::string, std::string> evaluate(ddp::DistributedDataParallel<resnet::ResNet>& model,
+                                             data::ImageSource& source, std::int64_t batches,
+                                             const ddp::PrecisionPolicy& policy, ddp::ProcessGroup& process_group) {
+  torch::NoGradGuard no_grad;
+  model.module()->eval();
+  const auto device = process_group.device();
+  at::Tensor counts = torch::zeros({3}, torch::TensorOptions().device(device).dtype(torch::kDouble));  // n, top1, top5
+  for (std::int64_t i = 0; i < batches; ++i) {
+    const data::ImageBatch batch = source.next();
+    at::Tensor logits;
+    {
+      ddp::PrecisionGuard guard(policy, device);
+      logits = model.module()->forward(batch.images);
+    }
+    const at::Tensor top5 = std::get<1>(logits.topk(5, 1));
+    const at::Tensor hits = top5.eq(batch.labels.unsqueeze(1));
+    counts[0] += batch.labels.size(0);
+    counts[1] += hits.select(1, 0).sum();
+    counts[2] += hits.any(1).sum();
+  }
+  process_group.communicator().all_reduce(counts, ddp::ReduceOp::kSum)->wait();
+  model.module()->train();
+  const auto host = counts.cpu();
+  const double n = std::max(1.0, host[0].item<double>());
+  const double top1 = host[1].item<double>() / n, top5 = host[2].item<double>() / n;
+  return {fmt::format("validation top-1 {:.2f}%, top-5 {:.2f}% ({} images)", 100 * top1, 100 * top5, n),
+          fmt::format("\"top1\": {:.5f}, \"top5\": {:.5f}, \"images\": {}", top1, top5, n)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags("train_resnet50", "Trains torchvision's ResNet-50 with libddp DistributedDataParallel.");
+  flags.add("precision", "bf16", "fp32 | tf32 | bf16 | fp16 | fp8 (fp8: the final layer only; see docs/precision.md)")
+      .add("batch", "128", "images per micro-batch and rank")
+      .add("data", "synthetic", "'synthetic', or a directory of image shards (train/ and val/ splits)")
+      .add("image-size", "224", "side of the (cropped) images")
+      .add("classes", "1000", "classes of the synthetic data (real data: from its class list)")
+      .add("workers", "6", "loader threads per rank (real data)")
+      .add("eval-batches", "20", "validation batches per rank at each evaluation")
+      .add("momentum", "0.9", "SGD momentum")
+      .add("weight-decay", "5e-5", "SGD weight decay (not on BatchNorm or biases)")
+      .add("label-smoothing", "0.1", "label smoothing of the cross entropy")
+      .add("seed", "0", "random seed (model, data order, augmentation)");
+  // lr 0.1 per 256 images is Goyal et al.'s rule; the default here assumes 2 x 128.
+  examples::add_trainer_flags(flags, /*default_lr=*/0.1, /*default_steps=*/200, /*default_warmup=*/20);
+  flags.parse(argc, argv);
+
+  const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
+  auto process_group = ddp::init();
+  const auto device = process_group->device();
+  policy.check_supported(device);
+  const std::int64_t batch = flags.integer("batch");
+  const std::int64_t image_size = flags.integer("image-size");
+  if (batch < 1 || image_size < 32) flags.fail("--batch must be >= 1 and --image-size >= 32");
+  at::globalContext().setBenchmarkCuDNN(true);
+
+  // Data first: a real dataset fixes the number of classes.
+  data::ImageLoaderOptions loader;
+  loader.batch_size = batch;
+  loader.rank = process_group->rank();
+  loader.world_size = process_group->world_size();
+  loader.seed = static_cast<std::uint64_t>(flags.integer("seed"));
+  loader.crop_size = image_size;
+  loader.workers = flags.integer("workers");
+  loader.device = device;
+  std::unique_ptr<data::ImageSource> train_data, val_data;
+  std::int64_t classes = flags.integer("classes");
+  if (flags.str("data") == "synthetic") {
+    train_data = std::make_unique<data::SyntheticImages>(loader, classes);
+    auto val = loader;
+    val.seed += 1;
+    val.train = false;
+    val_data = std::make_unique<data::SyntheticImages>(val, classes);
+  } else {
+    auto train_set = std::make_shared<const data::ImageShardDataset>(flags.str("data"), "train");
+    auto val_set = std::make_shared<const data::ImageShardDataset>(flags.str("data"), "val");
+    classes = static_cast<std::int64_t>(train_set->class_names().size());
+    train_data = std::make_unique<data::ImageLoader>(train_set, loader);
+    auto val = loader;
+    val.train = false;
+    val_data = std::make_unique<data::ImageLoader>(val_set, val);
+  }
+
+  torch::manual_seed(flags.integer("seed"));
+  auto model = resnet::resnet50(classes);
+  model->to(device);
+  // channels_last: cuDNN's fastest convolutions on tensor cores read NHWC.
+  for (auto& param : model->parameters()) {
+    if (param.dim() == 4) param.set_data(param.data().contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, process_group);
+
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& param : model->parameters()) (param.dim() > 1 ? decay : no_decay).push_back(param);
+  const auto sgd = torch::optim::SGDOptions(flags.real("lr")).momentum(flags.real("momentum"));
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(
+                                 torch::optim::SGDOptions(sgd).weight_decay(flags.real("weight-decay"))));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(sgd));
+  torch::optim::SGD optimizer(std::move(groups), sgd);
+
+  auto options = examples::trainer_options(flags);
+  options.unit = "img/s";
+  options.items_per_micro_batch = static_cast<double>(batch);
+  options.fingerprint = fmt::format("resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={}",
+                                    classes, image_size, batch, options.grad_accum, process_group->world_size(),
+                                    ddp::to_string(policy.precision()), flags.str("data"), flags.integer("seed"));
+  if (process_group->rank() == 0) {
+    std::printf("ResNet-50 (%lld classes) on %d x %s, %s, batch %lld x %lld per rank\n",
+                static_cast<long long>(classes), process_group->world_size(), device.str().c_str(),
+                ddp::to_string(policy.precision()).c_str(), static_cast<long long>(batch),
+                static_cast<long long>(options.grad_accum));
+  }
+
+  const auto criterion = torch::nn::CrossEntropyLossOptions().label_smoothing(flags.real("label-smoothing"));
+  examples::TrainingCallbacks callbacks;
+  callbacks.micro_step = [&](bool sync, ddp::GradScaler& scaler, double loss_weight) {
+    const data::ImageBatch batch_data = train_data->next();
+    std::optional<ddp::DistributedDataParallel<resnet::ResNet>::NoSyncGuard> no_sync;
+    if (!sync) no_sync.emplace(ddp_model.no_sync());
+    at::Tensor loss;
+    {
+      ddp::PrecisionGuard guard(policy, device);
+      loss = torch::nn::functional::cross_entropy(ddp_model(batch_data.images), batch_data.labels,
+                                                  torch::nn::functional::CrossEntropyFuncOptions()
+                                                      .label_smoothing(criterion.label_smoothing()));
+    }
+    scaler.scale(loss * loss_weight).backward();
+    return loss.detach();
+  };
+  callbacks.data_position = [&] {
+    const auto position = train_data->position();
+    return std::vector<std::int64_t>{position.epoch, position.batch};
+  };
+  callbacks.seek_data = [&](const std::vector<std::int64_t>& position) {
+    train_data->seek(data::ImagePosition{position.at(0), position.at(1)});
+  };
+  const std::int64_t eval_batches = flags.integer("eval-batches");
+  if (eval_batches > 0) {
+    callbacks.evaluate = [&] {
+      val_data->seek({});
+      return evaluate(ddp_model, *val_data, eval_batches, policy, *process_group);
+    };
+  }
+  examples::Trainer trainer(process_group, policy, *model, optimizer, options);
+  trainer.run(callbacks);
+  return 0;
+} catch (const ddp::UsageError& e) {
+  std::fprintf(stderr, "train_resnet50: error: %s\n", e.what());
+  return 2;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "train_resnet50: error: %s\n", e.what());
+  return 1;
+}

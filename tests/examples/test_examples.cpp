@@ -1,0 +1,168 @@
+// The example trainers as users run them: under ddprun, 2 Gloo ranks, small
+// configurations. They train (the loss falls), a killed run resumes exactly
+// where it stopped, and bad input is refused with a clear message.
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ddprun_runner.h"
+
+namespace {
+
+using namespace ddp::launcher::testing;
+
+/// step -> loss from a metrics log; a step logged twice (a restarted run
+/// repeats the steps after its checkpoint) keeps the later value.
+std::map<int, double> losses(const std::string& metrics_path) {
+  std::ifstream file(metrics_path);
+  std::map<int, double> result;
+  const std::regex line_pattern(R"re(^\{"step": (\d+), "loss": ([-0-9.e+naif]+))re");
+  for (std::string line; std::getline(file, line);) {
+    std::smatch match;
+    if (std::regex_search(line, match, line_pattern)) result[std::stoi(match[1])] = std::stod(match[2]);
+  }
+  return result;
+}
+
+double mean_of(const std::map<int, double>& values, int first, int last) {
+  double sum = 0;
+  for (int step = first; step <= last; ++step) sum += values.at(step);
+  return sum / (last - first + 1);
+}
+
+DdprunResult train(const std::string& program, std::vector<std::string> args, const ScratchDir& scratch,
+                   std::vector<std::string> launcher = {}) {
+  std::vector<std::string> command{"--nproc-per-node", "2", "--standalone"};
+  command.insert(command.end(), launcher.begin(), launcher.end());
+  command.push_back(program);
+  command.insert(command.end(), args.begin(), args.end());
+  return run_ddprun(command, scratch, {{"DDP_BACKEND", "gloo"}}, std::chrono::seconds(240));
+}
+
+const std::vector<std::string> kResnet{"--precision", "fp32", "--batch", "8", "--image-size", "64", "--classes",
+                                       "10", "--warmup", "2", "--lr", "0.002", "--label-smoothing", "0",
+                                       "--eval-batches", "1", "--log-every", "1"};
+const std::vector<std::string> kLlama{"--preset", "tiny", "--precision", "fp32", "--batch", "8", "--warmup", "5",
+                                      "--lr", "3e-3", "--eval-batches", "2", "--log-every", "1"};
+
+std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+/// Runs `steps` steps straight, then the same run killed after `fail_at`
+/// (checkpoints every `every` steps) and restarted by ddprun: every step's
+/// loss must come out the same.
+void expect_exact_resume(const std::string& program, const std::vector<std::string>& base, int steps, int fail_at,
+                         int every) {
+  ScratchDir scratch;
+  const std::string straight = scratch.path() + "/straight.jsonl";
+  const std::string resumed = scratch.path() + "/resumed.jsonl";
+  const auto run_straight = train(program, with(base, {"--steps", std::to_string(steps), "--metrics", straight}), scratch);
+  ASSERT_EQ(run_straight.exit_code, 0) << run_straight.output;
+  const auto run_resumed =
+      train(program,
+            with(base, {"--steps", std::to_string(steps), "--metrics", resumed, "--checkpoint",
+                        scratch.path() + "/ckpt.pt", "--checkpoint-every", std::to_string(every), "--resume",
+                        "--fail-at-step", std::to_string(fail_at)}),
+            scratch, {"--max-restarts", "1"});
+  ASSERT_EQ(run_resumed.exit_code, 0) << run_resumed.output;
+  ASSERT_NE(run_resumed.output.find("aborting to test the restart"), std::string::npos) << run_resumed.output;
+  ASSERT_NE(run_resumed.output.find("resumed from"), std::string::npos) << run_resumed.output;
+  const auto expected = losses(straight);
+  const auto actual = losses(resumed);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(actual.size(), static_cast<size_t>(steps));
+  for (const auto& [step, loss] : expected) {
+    EXPECT_NEAR(actual.at(step), loss, 1e-5 * std::max(1.0, std::abs(loss))) << "step " << step;
+  }
+}
+
+TEST(ResNet50Example, TrainsAndTheLossFalls) {
+  ScratchDir scratch;
+  const std::string metrics = scratch.path() + "/metrics.jsonl";
+  const auto result = train(TRAIN_RESNET50, with(kResnet, {"--steps", "16", "--metrics", metrics}), scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("validation top-1"), std::string::npos) << result.output;
+  const auto loss = losses(metrics);
+  ASSERT_EQ(loss.size(), 16u) << result.output;
+  EXPECT_LT(mean_of(loss, 13, 16), 0.8 * mean_of(loss, 1, 4)) << result.output;
+}
+
+TEST(ResNet50Example, AKilledRunResumesExactly) { expect_exact_resume(TRAIN_RESNET50, kResnet, 6, 3, 2); }
+
+TEST(LlamaExample, TrainsOnSyntheticTokens) {
+  ScratchDir scratch;
+  const std::string metrics = scratch.path() + "/metrics.jsonl";
+  const auto result = train(TRAIN_LLAMA, with(kLlama, {"--steps", "60", "--metrics", metrics}), scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto loss = losses(metrics);
+  ASSERT_EQ(loss.size(), 60u);
+  EXPECT_LT(mean_of(loss, 56, 60), 0.5 * std::log(256.0)) << result.output;
+}
+
+TEST(LlamaExample, LearnsARealTextWellBelowTheUniformGuess) {
+  ScratchDir scratch;
+  const std::string tokens = scratch.path() + "/text.bin", val = scratch.path() + "/val.bin";
+  const auto made = run_ddprun({"--nproc-per-node", "1", "--standalone", MAKE_TOKENS, "--input", REAL_TEXT,
+                                "--output", tokens, "--val-fraction", "0.1", "--val-output", val},
+                               scratch);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto result = train(TRAIN_LLAMA,
+                            with(kLlama, {"--steps", "150", "--data", tokens, "--val-data", val, "--log-every", "50",
+                                          "--eval-batches", "4"}),
+                            scratch);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(result.output, match, std::regex(R"(validation loss ([0-9.]+))"))) << result.output;
+  const double val_loss = std::stod(match[1]);
+  EXPECT_LT(val_loss, 0.6 * std::log(256.0)) << "uniform guess " << std::log(256.0) << "\n" << result.output;
+}
+
+TEST(LlamaExample, AKilledRunWithAccumulationAndClippingResumesExactly) {
+  expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--grad-accum", "2", "--clip-grad-norm", "1.0"}), 8, 5, 3);
+}
+
+TEST(Examples, BadInputIsRefusedByName) {
+  ScratchDir scratch;
+  struct Case {
+    std::string program;
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::string checkpoint = scratch.path() + "/ckpt.pt";
+  const std::vector<Case> cases{
+      {TRAIN_LLAMA, {"--presett", "tiny"}, "unknown flag '--presett'"},
+      {TRAIN_LLAMA, {"--preset", "gpt5"}, "tinyllama-1.1b"},
+      {TRAIN_LLAMA, {"--precision", "fp64"}, "unknown precision 'fp64'"},
+      {TRAIN_LLAMA, {"--precision", "fp16"}, "needs a CUDA device"},
+      {TRAIN_LLAMA, {"--steps", "ten"}, "--steps expects an integer"},
+      {TRAIN_LLAMA, {"--resume"}, "--resume needs --checkpoint"},
+      {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
+      {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
+  };
+  for (const auto& c : cases) {
+    const auto result = train(c.program, c.args, scratch);
+    EXPECT_NE(result.exit_code, 0) << c.args[0];
+    EXPECT_NE(result.output.find(c.expected), std::string::npos) << "expected '" << c.expected << "' in\n"
+                                                                 << result.output;
+  }
+  // A checkpoint of another configuration is refused, naming both.
+  const auto first = train(TRAIN_LLAMA, with(kLlama, {"--steps", "2", "--checkpoint", checkpoint}), scratch);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const auto other = train(TRAIN_LLAMA, with(kLlama, {"--steps", "4", "--batch", "4", "--checkpoint", checkpoint,
+                                                      "--resume"}),
+                           scratch);
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.output.find("belongs to another run"), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find("batch=4x1"), std::string::npos) << other.output;
+}
+
+}  // namespace
