@@ -3,7 +3,9 @@
 # configure against its python3 torch and NCCL, build, run the GPU tests,
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
-# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap precision
+# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision examples scaling
+# EXAMPLE_GPUS (default: gpu, all of them) sets the examples' process count;
+# SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [STEP...]}
 shift
@@ -30,6 +32,25 @@ step allreduce build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/g
   --json "$out/allreduce.json" --markdown "$out/allreduce.md"
 step ddp_overlap build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/ddp_overlap/ddp_overlap \
   --json "$out/ddp_overlap.json" --markdown "$out/ddp_overlap.md"
+step ddp_overlap_no_timeline build/gpu/libddp/ddprun --nproc-per-node gpu --standalone \
+  build/gpu/benchmarks/ddp_overlap/ddp_overlap --no-timeline \
+  --json "$out/ddp_overlap_no_timeline.json" --markdown "$out/ddp_overlap_no_timeline.md"
 step precision build/gpu/benchmarks/precision/precision_bench --json "$out/precision.json" --markdown "$out/precision.md"
+# The examples on every GPU in each precision they support, a short run each.
+run_examples() {
+  local run="build/gpu/libddp/ddprun --nproc-per-node ${EXAMPLE_GPUS:-gpu} --standalone" p
+  for p in fp32 tf32 bf16 fp16; do
+    $run build/gpu/examples/resnet50/train_resnet50 --precision $p --steps 30 --log-every 10 --eval-batches 2 \
+      --metrics "$out/resnet50-$p.jsonl" || return 1
+  done
+  for p in fp32 tf32 bf16 fp16 fp8; do
+    $run build/gpu/examples/llama/train_llama --preset tinyllama-1.1b --precision $p --steps 20 --warmup 5 \
+      --log-every 10 --eval-batches 1 --metrics "$out/llama-$p.jsonl" || return 1
+  done
+}
+step examples run_examples
+# libddp against PyTorch DDP, 1..N GPUs; SCALING_ARGS is split into words on purpose.
+# shellcheck disable=SC2086
+step scaling python3 benchmarks/scaling/run_scaling.py --build build/gpu --out "$out" --prefix scaling ${SCALING_ARGS:-}
 echo "== gpu_check: $([[ $status == 0 ]] && echo all steps passed || echo some steps FAILED)"
 exit $status

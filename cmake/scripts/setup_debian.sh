@@ -4,7 +4,7 @@
 #   setup_debian.sh --cuda     also LibTorch 2.x with CUDA from PyPI (`python3 -m pip install torch`)
 set -euo pipefail
 
-packages=(cmake ninja-build g++ ccache libtorch-dev libgloo-dev libfmt-dev libgtest-dev libjpeg-dev python3)
+packages=(cmake ninja-build g++ ccache libtorch-dev libgloo-dev libfmt-dev libgtest-dev libjpeg-dev python3 doxygen)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

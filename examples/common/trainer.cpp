@@ -77,6 +77,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   const int rank = process_group_->rank();
   const c10::Device device = process_group_->device();
   Progress progress(rank, options_.steps, options_.unit, options_.metrics, device);
+  ddp::set_process_tf32(policy_);  // the guard covers forward only; backward needs the same math mode
 
   std::int64_t step = 0;
   if (options_.resume && std::filesystem::exists(options_.checkpoint)) {

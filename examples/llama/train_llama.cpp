@@ -22,6 +22,7 @@
 
 #include "flags.h"
 #include "llama_model.h"
+#include "llama_training.h"
 #include "tokens.h"
 #include "trainer.h"
 
@@ -35,8 +36,7 @@ at::Tensor next_token_loss(DataParallelLlama& model, const data::TokenBatch& bat
   const at::Tensor targets = batch.targets().to(device, /*non_blocking=*/true);
   ddp::PrecisionGuard guard(policy, device);
   const at::Tensor logits = through_ddp ? model(inputs) : model.module()->forward(inputs);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                              targets.reshape({-1}));
+  return llama::next_token_loss(logits, targets);
 }
 
 }  // namespace
@@ -119,11 +119,7 @@ int main(int argc, char** argv) try {
   llama::Llama model(config);
   model->to(device);
   if (policy.uses_float8()) {
-    // The output head stays in bf16, as Transformer Engine and torchao
-    // recommend: its logits feed the softmax directly.
-    const auto report = ddp::float8::enable_float8(
-        *model, ddp::Float8Options(),
-        [](const std::string& path, const ddp::Float8LinearImpl&) { return path != "output"; });
+    const auto report = llama::enable_float8_training(*model);
     if (process_group->rank() == 0) {
       std::printf("fp8: %zu linear layers in FP8, %zu left in bf16\n", report.converted.size(),
                   report.skipped.size());
@@ -131,15 +127,7 @@ int main(int argc, char** argv) try {
   }
   DataParallelLlama ddp_model(model, process_group);
 
-  std::vector<at::Tensor> decay, no_decay;
-  for (auto& param : model->parameters()) (param.dim() >= 2 ? decay : no_decay).push_back(param);
-  const auto adamw = torch::optim::AdamWOptions(flags.real("lr")).betas({0.9, flags.real("beta2")});
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
-                                 torch::optim::AdamWOptions(adamw).weight_decay(flags.real("weight-decay"))));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(adamw).weight_decay(0)));
-  ddp::optim::FusedAdamW optimizer(std::move(groups), adamw);
+  const auto optimizer = llama::make_adamw(*model, flags.real("lr"), flags.real("beta2"), flags.real("weight-decay"));
 
   auto options = examples::trainer_options(flags);
   options.unit = "tok/s";
@@ -157,7 +145,7 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(config.n_layers), static_cast<long long>(config.dim),
                 process_group->world_size(), device.str().c_str(), ddp::to_string(policy.precision()).c_str(),
                 static_cast<long long>(batch), static_cast<long long>(options.grad_accum),
-                static_cast<long long>(config.max_seq_len), optimizer.fused() ? "fused AdamW" : "AdamW");
+                static_cast<long long>(config.max_seq_len), optimizer->fused() ? "fused AdamW" : "AdamW");
     std::printf("uniform-guess loss: ln(%lld) = %.3f\n", static_cast<long long>(config.vocab_size),
                 std::log(static_cast<double>(config.vocab_size)));
   }
@@ -188,7 +176,7 @@ int main(int argc, char** argv) try {
               fmt::format("\"val_loss\": {:.6f}", loss)};
     };
   }
-  examples::Trainer trainer(process_group, policy, *model, optimizer, options);
+  examples::Trainer trainer(process_group, policy, *model, *optimizer, options);
   trainer.run(callbacks);
   return 0;
 } catch (const ddp::UsageError& e) {

@@ -24,6 +24,7 @@ Backend parse_backend(const std::string& name);
 /// Gloo needs Gloo's headers at build time).
 bool is_available(Backend backend);
 
+/// Reduction of all_reduce. kAvg is the sum divided by world_size().
 enum class ReduceOp { kSum, kAvg, kMax };
 
 /// "sum", "avg" or "max".
@@ -62,11 +63,15 @@ class Communicator {
  public:
   virtual ~Communicator() = default;
 
+  /// This process's rank, 0 <= rank() < world_size().
   virtual int rank() const = 0;
+  /// Number of ranks in the job.
   virtual int world_size() const = 0;
+  /// The backend carrying the collectives.
   virtual Backend backend() const = 0;
   /// Device the tensors must live on: cuda:LOCAL_RANK for NCCL, cpu for Gloo.
   virtual c10::Device device() const = 0;
+  /// Deadline of every collective (InitOptions::timeout).
   virtual std::chrono::milliseconds timeout() const = 0;
 
   /// Reduces `tensor` in place across ranks; every rank gets the result.

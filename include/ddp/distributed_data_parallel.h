@@ -15,7 +15,8 @@
 
 namespace ddp {
 
-/// Options of DistributedDataParallel; defaults are PyTorch DDP's.
+/// Options of DistributedDataParallel; defaults are PyTorch DDP's, except
+/// gradient_as_bucket_view (on here, off in PyTorch).
 struct DistributedDataParallelOptions {
   /// Size of a gradient bucket, in MiB.
   TORCH_ARG(double, bucket_cap_mb) = 25;
@@ -131,6 +132,11 @@ class DistributedDataParallel {
         core_(std::make_shared<detail::DataParallelCore>(detail::as_module(module_), std::move(process_group),
                                                          options)) {}
 
+  /// Calls the module's forward with `args` and returns its output. In
+  /// training mode it first copies rank 0's buffers (broadcast_buffers); with
+  /// grad mode on it then readies the next backward to reduce gradients (and,
+  /// with find_unused_parameters, finds the parameters the output does not
+  /// depend on).
   template <typename... Args>
   auto forward(Args&&... args) {
     core_->before_forward();
@@ -141,6 +147,7 @@ class DistributedDataParallel {
     return output;
   }
 
+  /// Same as forward().
   template <typename... Args>
   auto operator()(Args&&... args) {
     return forward(std::forward<Args>(args)...);
@@ -148,6 +155,7 @@ class DistributedDataParallel {
 
   /// The wrapped module (its parameters are the ones being trained).
   ModuleType& module() { return module_; }
+  /// The wrapped module.
   const ModuleType& module() const { return module_; }
 
   /// Parameters with their module paths, e.g. "layer1.0.conv1.weight".
@@ -159,10 +167,12 @@ class DistributedDataParallel {
   ///   loss(model(b)).backward();  // reduces the gradients of a and b
   class NoSyncGuard {
    public:
+    /// Made by no_sync().
     explicit NoSyncGuard(std::shared_ptr<detail::DataParallelCore> core)
         : core_(std::move(core)), previous_(core_->sync()) {
       core_->set_sync(false);
     }
+    /// The moved-from guard no longer restores anything.
     NoSyncGuard(NoSyncGuard&& other) noexcept : core_(std::move(other.core_)), previous_(other.previous_) {}
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -176,11 +186,14 @@ class DistributedDataParallel {
     bool previous_;
   };
 
+  /// Turns gradient reduction off until the returned guard is destroyed
+  /// (PyTorch's `with model.no_sync():`).
   NoSyncGuard no_sync() { return NoSyncGuard(core_); }
 
   /// Size of each gradient bucket in bytes, in reduction order (after the
   /// first iteration: as rebuilt in the order gradients became ready).
   std::vector<std::size_t> bucket_bytes() const { return core_->bucket_bytes(); }
+  /// Number of gradient buckets.
   std::size_t bucket_count() const { return bucket_bytes().size(); }
 
   /// The recorded timeline of every reduced backward so far (with

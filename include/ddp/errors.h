@@ -23,6 +23,7 @@ class UsageError : public Error {
 /// sequence number, this rank, and what is known of the other ranks' progress.
 class CollectiveError : public Error {
  public:
+  /// `message` is what what() returns; the other arguments are kept for the accessors.
   CollectiveError(std::string message, std::string operation, std::uint64_t sequence, int rank)
       : Error(std::move(message)), operation_(std::move(operation)), sequence_(sequence), rank_(rank) {}
 

@@ -31,8 +31,11 @@ enum class AmaxCompute { kMax, kMostRecent };
 /// FP8 recipe of a Float8Linear. Defaults: current scaling; for delayed
 /// scaling, Transformer Engine's DelayedScaling defaults.
 struct Float8Options {
+  /// Current (default) or delayed scaling.
   TORCH_ARG(Float8Scaling, scaling) = Float8Scaling::kCurrent;
+  /// Delayed scaling: how many past amaxes are kept.
   TORCH_ARG(std::int64_t, amax_history_len) = 1024;
+  /// Delayed scaling: the history's maximum, or its most recent entry.
   TORCH_ARG(AmaxCompute, amax_compute) = AmaxCompute::kMax;
   /// The scale is divided by 2^margin, leaving headroom for growing values.
   TORCH_ARG(int, margin) = 0;
@@ -62,26 +65,35 @@ struct Float8LinearState;
 /// enable_float8() switches it on.
 class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
  public:
+  /// As torch::nn::Linear(in_features, out_features), FP8 on (current scaling).
   Float8LinearImpl(std::int64_t in_features, std::int64_t out_features)
       : Float8LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  /// As torch::nn::Linear(options), with the FP8 recipe `float8`.
   explicit Float8LinearImpl(const torch::nn::LinearOptions& options, const Float8Options& float8 = {});
   ~Float8LinearImpl() override;
 
+  /// Registers `weight` and `bias` and initialises them (Module::reset()).
   void reset() override;
   /// torch::nn::Linear's initialisation (Kaiming uniform weight, uniform bias).
   void reset_parameters();
+  /// Prints the features, bias, and whether FP8 is on and with which scaling.
   void pretty_print(std::ostream& stream) const override;
 
+  /// input @ weight^T + bias: in FP8 when enabled (bf16 output), else as torch::nn::Linear.
   at::Tensor forward(const at::Tensor& input);
 
   /// Turns FP8 on or off. On, throws UsageError where this GPU or LibTorch
   /// cannot run FP8 matmuls, or when the shape is not a multiple of 16.
   void set_float8_enabled(bool enabled);
+  /// Whether the matmuls run in FP8.
   bool float8_enabled() const { return float8_options.enabled(); }
 
   /// The delayed-scaling state (amax histories and scales) is saved beside
   /// `weight` and `bias`, and loading accepts a plain Linear's checkpoint.
   void save(torch::serialize::OutputArchive& archive) const override;
+  /// Reads what save() wrote, or a plain torch::nn::Linear's checkpoint.
+  /// UsageError when the checkpoint's delayed-scaling state does not fit this
+  /// layer's recipe (current scaling, another amax_history_len).
   void load(torch::serialize::InputArchive& archive) override;
 
   /// The latest amaxes of this layer's input, weight and output gradient
@@ -90,14 +102,19 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   /// Recomputes the scales from the amax histories (after a reduction).
   void refresh_scales();
 
+  /// The Linear options it was constructed with.
   torch::nn::LinearOptions options;
+  /// The FP8 recipe.
   Float8Options float8_options;
+  /// [out_features, in_features], as torch::nn::Linear's.
   at::Tensor weight;
+  /// [out_features], undefined without bias.
   at::Tensor bias;
 
  private:
   std::shared_ptr<detail::Float8LinearState> state_;
 };
+/// The module holder of Float8LinearImpl, used as torch::nn::Linear is.
 TORCH_MODULE(Float8Linear);
 
 namespace float8 {

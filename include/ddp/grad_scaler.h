@@ -23,11 +23,13 @@ namespace ddp {
 
 /// Options of GradScaler; the defaults are torch.amp.GradScaler's.
 struct GradScalerOptions {
+  /// The first scale.
   TORCH_ARG(double, init_scale) = 65536.0;
   /// The scale is multiplied by this after growth_interval steps without inf/NaN.
   TORCH_ARG(double, growth_factor) = 2.0;
   /// The scale is multiplied by this when a step finds inf/NaN.
   TORCH_ARG(double, backoff_factor) = 0.5;
+  /// Consecutive steps without inf/NaN before the scale grows.
   TORCH_ARG(std::int64_t, growth_interval) = 2000;
   /// Disabled, every method passes through: scale() returns the loss, step()
   /// steps the optimizer.
@@ -36,10 +38,14 @@ struct GradScalerOptions {
 
 /// What a GradScaler saves in a checkpoint.
 struct GradScalerState {
+  /// The current scale.
   double scale = 65536.0;
   std::int64_t growth_tracker = 0;  ///< Clean steps since the scale last changed.
+  /// GradScalerOptions::growth_factor.
   double growth_factor = 2.0;
+  /// GradScalerOptions::backoff_factor.
   double backoff_factor = 0.5;
+  /// GradScalerOptions::growth_interval.
   std::int64_t growth_interval = 2000;
 };
 
@@ -56,13 +62,19 @@ struct GradScalerState {
 /// never diverge. Gradients must not be reduced in place after unscale_().
 class GradScaler {
  public:
+  /// Throws UsageError for invalid options (a non-positive init_scale,
+  /// growth_factor <= 1, backoff_factor outside (0, 1), growth_interval < 1).
+  /// Without `process_group` the inf/NaN check is this process's alone.
   explicit GradScaler(GradScalerOptions options = {}, std::shared_ptr<ProcessGroup> process_group = nullptr);
   /// Enabled exactly when the policy needs loss scaling (fp16).
   static GradScaler for_policy(const PrecisionPolicy& policy, std::shared_ptr<ProcessGroup> process_group = nullptr);
   ~GradScaler();
+  /// Movable, not copyable.
   GradScaler(GradScaler&&) noexcept;
+  /// Movable, not copyable.
   GradScaler& operator=(GradScaler&&) noexcept;
 
+  /// GradScalerOptions::enabled.
   bool is_enabled() const;
   /// loss * scale, in fp32 on the loss's device.
   at::Tensor scale(const at::Tensor& loss);
@@ -78,10 +90,15 @@ class GradScaler {
   /// Sets the scale to `new_scale` instead.
   void update(double new_scale);
 
+  /// The current scale (1 when disabled, as torch.amp.GradScaler's get_scale()).
   double get_scale() const;
+  /// The state to checkpoint.
   GradScalerState state_dict() const;
+  /// Restores a state_dict(); UsageError for invalid values.
   void load_state_dict(const GradScalerState& state);
+  /// Writes state_dict() into `archive`.
   void save(torch::serialize::OutputArchive& archive) const;
+  /// Reads what save() wrote; UsageError naming a missing entry.
   void load(torch::serialize::InputArchive& archive);
 
  private:

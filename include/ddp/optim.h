@@ -13,6 +13,7 @@ namespace ddp::optim {
 class FusedAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
+  /// One AdamW step, fused where fused() says so. Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// Whether the next step() takes the fused path.

@@ -35,9 +35,12 @@ Precision parse_precision(const std::string& name);
 ///   loss.backward();
 class PrecisionPolicy {
  public:
+  /// The policy of `precision`, reducing gradients in fp32.
   /* implicit */ PrecisionPolicy(Precision precision = Precision::kFp32);  // NOLINT
+  /// The policy of parse_precision(name).
   static PrecisionPolicy parse(const std::string& name);
 
+  /// The precision this policy implements.
   Precision precision() const { return precision_; }
   /// bf16 for bf16 and fp8, fp16 for fp16; nullopt when forward runs unautocast.
   std::optional<c10::ScalarType> autocast_dtype() const;
@@ -53,6 +56,7 @@ class PrecisionPolicy {
   /// dtype, as PyTorch DDP under autocast; bf16 or fp16 halve the bytes on the
   /// wire (comm_hooks::average_in) at some cost in accuracy.
   c10::ScalarType gradient_reduce_dtype() const { return gradient_reduce_dtype_; }
+  /// Sets the reduction dtype: fp32, bf16 or fp16 (UsageError otherwise).
   PrecisionPolicy& gradient_reduce_dtype(c10::ScalarType dtype);
 
   /// Throws UsageError when `device` cannot run this policy: fp16 and fp8
@@ -64,12 +68,19 @@ class PrecisionPolicy {
   c10::ScalarType gradient_reduce_dtype_ = c10::ScalarType::Float;
 };
 
+/// Sets the TF32 switches of `policy` process-wide, for everything that
+/// follows, backward included: a PrecisionGuard's switches end with the guard,
+/// but backward runs after it. Call it once before training, as a PyTorch
+/// script sets torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32.
+void set_process_tf32(const PrecisionPolicy& policy);
+
 /// Applies a policy to a region (forward and loss) and restores the previous
 /// state when it ends: autocast on `device`'s type with the policy's dtype, and
 /// the TF32 switches. Autocast state is per thread; the TF32 switches are
 /// process-wide, as in PyTorch. Guards nest.
 class PrecisionGuard {
  public:
+  /// Enters `policy` for `device` until the guard is destroyed.
   PrecisionGuard(const PrecisionPolicy& policy, c10::Device device);
   ~PrecisionGuard();
   PrecisionGuard(const PrecisionGuard&) = delete;

@@ -29,16 +29,23 @@ struct InitOptions {
 class ProcessGroup {
  public:
   struct State;
+  /// Made by init(); programs do not construct one themselves.
   explicit ProcessGroup(std::shared_ptr<State> state);
   ~ProcessGroup();
 
+  /// The job coordinates init() read and validated.
   const Environment& environment() const;
+  /// RANK: this process's global index.
   int rank() const { return environment().rank; }
+  /// WORLD_SIZE: number of processes in the job.
   int world_size() const { return environment().world_size; }
+  /// LOCAL_RANK: index on this node (the GPU it uses with NCCL).
   int local_rank() const { return environment().local_rank; }
+  /// The backend init() chose.
   Backend backend() const { return communicator().backend(); }
   /// cuda:LOCAL_RANK with NCCL (the process's current device), cpu with Gloo.
   c10::Device device() const { return communicator().device(); }
+  /// Collectives over every rank of the job.
   Communicator& communicator() const;
 
  private:

@@ -6,6 +6,11 @@
 
 namespace ddp {
 
+void set_process_tf32(const PrecisionPolicy& policy) {
+  at::globalContext().setAllowTF32CuBLAS(policy.allow_tf32());
+  at::globalContext().setAllowTF32CuDNN(policy.allow_tf32());
+}
+
 PrecisionGuard::PrecisionGuard(const PrecisionPolicy& policy, c10::Device device) : device_type_(device.type()) {
   auto& context = at::globalContext();
   previous_tf32_cublas_ = context.allowTF32CuBLAS();

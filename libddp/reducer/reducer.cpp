@@ -55,14 +55,27 @@ Reducer::~Reducer() {
 }
 
 void Reducer::install_hooks() {
+  accumulators_.resize(parameters_.size());
+  hook_keys_.resize(parameters_.size());
+  for (std::size_t i = 0; i < parameters_.size(); ++i) hook(i, torch::autograd::impl::grad_accumulator(parameters_[i]));
+}
+
+void Reducer::hook(std::size_t index, compat::GradAccumulatorPtr accumulator) {
   std::weak_ptr<Reducer> weak = weak_from_this();
+  accumulators_[index] = std::move(accumulator);
+  hook_keys_[index] = accumulators_[index]->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [weak, index](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        if (auto self = weak.lock()) self->on_gradient_ready(index);
+        return outputs;
+      }));
+}
+
+void Reducer::follow_replaced_accumulators() {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    accumulators_.push_back(torch::autograd::impl::grad_accumulator(parameters_[i]));
-    hook_keys_.push_back(accumulators_.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          if (auto self = weak.lock()) self->on_gradient_ready(i);
-          return outputs;
-        })));
+    auto current = torch::autograd::impl::grad_accumulator(parameters_[i]);
+    if (current == accumulators_[i]) continue;
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+    hook(i, std::move(current));
   }
 }
 
@@ -144,6 +157,10 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = sync_;
   if (!armed_) return;
+  // torch::load and Module::load replace parameters' data with set_(), and
+  // autograd then accumulates their gradients through a new node: without
+  // this the hooks would never fire and the ranks would silently drift apart.
+  follow_replaced_accumulators();
   if (config_.timeline) config_.timeline->begin_backward();
   finalize_queued_ = false;
   unused_marked_ = false;

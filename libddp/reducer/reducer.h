@@ -66,6 +66,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& plan);
+  void hook(std::size_t index, compat::GradAccumulatorPtr accumulator);
+  /// Re-hooks parameters whose gradient accumulator autograd replaced.
+  void follow_replaced_accumulators();
   void on_gradient_ready(std::size_t index);
   void mark_ready(std::size_t index, bool used);
   void gather_into_bucket(Bucket& bucket);
@@ -82,7 +85,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<std::size_t, std::size_t>> location_;  // parameter -> (bucket, slot)
-  std::vector<compat::GradAccumulatorPtr> accumulators_;
+  std::vector<compat::GradAccumulatorPtr> accumulators_;  // kept alive: autograd holds them weakly
   std::vector<std::uintptr_t> hook_keys_;
 
   mutable std::mutex mutex_;

@@ -30,6 +30,17 @@ TEST_P(DdpGloo, MlpMatchesSingleProcess) {
   }));
 }
 
+TEST_P(DdpGloo, WeightsLoadedAfterWrappingAreStillReduced) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    Scenario scenario;
+    scenario.model = Model::kConvBatchNorm;
+    scenario.channels_last = true;
+    scenario.load_after_wrapping = true;
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
 TEST_P(DdpGloo, ConvNetWithBatchNormMatchesSingleProcess) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) {
     auto pg = init_gloo();

@@ -147,6 +147,7 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--resume"}, "--resume needs --checkpoint"},
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
+      {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
   };
   for (const auto& c : cases) {
     const auto result = train(c.program, c.args, scratch);

@@ -1,6 +1,7 @@
 #include "support/ddp_scenarios.h"
 
 #include <cmath>
+#include <sstream>
 
 #include <torch/torch.h>
 
@@ -83,6 +84,11 @@ double check_matches_single_process(ProcessGroup& pg, const Scenario& scenario, 
   DistributedDataParallel<Net> model(make_net(scenario.model, 100 + pg.rank(), device, scenario.channels_last), 
                                      std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), scenario.options);
   Net reference = make_net(scenario.model, 100, device, scenario.channels_last);
+  if (scenario.load_after_wrapping) {
+    std::stringstream bytes;
+    torch::save(reference, bytes);
+    torch::load(model.module(), bytes);
+  }
   torch::optim::SGD optimizer(model.module()->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
 

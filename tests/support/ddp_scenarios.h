@@ -25,6 +25,9 @@ struct Scenario {
   int micro_steps = 1;      ///< > 1: the first micro_steps - 1 backward passes run under no_sync()
   double tolerance = 1e-5;  ///< max abs difference of any parameter
   bool channels_last = false;
+  /// Module::load the weights after wrapping, as a resumed run does: LibTorch
+  /// replaces the parameters' data (set_), and DDP must still reduce.
+  bool load_after_wrapping = false;
 };
 
 /// Trains DDP and the reference side by side; returns the largest parameter

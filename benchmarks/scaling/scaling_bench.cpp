@@ -1,0 +1,353 @@
+// Training throughput of a bundled model under libddp, one configuration per
+// run; benchmarks/scaling/run_scaling.py runs it at 1..N GPUs beside PyTorch
+// DDP (pytorch_ddp.py) and writes the report.
+//
+//   ddprun --nproc-per-node gpu build/benchmarks/scaling/scaling_bench --model llama --precision bf16 --json rows.jsonl
+//
+// The step is the examples' (train_resnet50, train_llama: same model,
+// optimizer, precision policy and loss) on one synthetic batch made once on
+// the device, so the input pipeline is not measured. Timing, the same as
+// pytorch_ddp.py's: `--warmup` untimed steps, then `--steps` timed ones
+// between two device synchronisations and barriers; throughput is the items
+// of all ranks over that wall time. Events on the training stream at the
+// start of each step, after forward and loss, after backward (when the stream
+// may use the averaged gradients) and after the optimizer step give the
+// phase times, read only after the run so they add no synchronisation.
+// Exposed communication comes from the DDP timeline: the part of the
+// reductions' device time left after the last backward kernel.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#ifdef BENCH_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include <ddp/ddp.h>
+
+#include "flags.h"
+#include "llama_model.h"
+#include "llama_training.h"
+#include "progress.h"
+#include "resnet.h"
+#include "resnet_training.h"
+
+namespace {
+
+/// One training step split into the phases the report shows.
+struct Step {
+  std::function<at::Tensor()> forward_loss;
+  std::function<void(const at::Tensor& loss)> backward;
+  std::function<void()> optimizer_step;
+  /// The DDP timeline's exposed communication of each reduced backward so far.
+  std::function<std::vector<double>()> exposed_communication_ms;
+};
+
+/// Marks points of the steps on the training stream: CUDA events on a GPU
+/// (read after the run, so marking never waits for the device), the host
+/// clock on the CPU, where every op has finished when it returns.
+class StepClock {
+ public:
+  StepClock(const c10::Device& device, std::size_t marks) : on_gpu_(device.is_cuda()) {
+#ifdef BENCH_WITH_CUDA
+    if (on_gpu_) {
+      events_.resize(marks);
+      for (auto& event : events_) check(cudaEventCreate(&event), "cudaEventCreate");
+    }
+#endif
+    host_.reserve(marks);
+  }
+  ~StepClock() {
+#ifdef BENCH_WITH_CUDA
+    for (auto event : events_) cudaEventDestroy(event);
+#endif
+  }
+  StepClock(const StepClock&) = delete;
+  StepClock& operator=(const StepClock&) = delete;
+
+  void mark() {
+#ifdef BENCH_WITH_CUDA
+    if (on_gpu_) {
+      check(cudaEventRecord(events_.at(marked_++), c10::cuda::getCurrentCUDAStream().stream()), "cudaEventRecord");
+      return;
+    }
+#endif
+    host_.push_back(std::chrono::steady_clock::now());
+    ++marked_;
+  }
+
+  /// Milliseconds from mark i to mark i + 1; the device must have reached the last mark.
+  double interval_ms(std::size_t i) const {
+#ifdef BENCH_WITH_CUDA
+    if (on_gpu_) {
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, events_.at(i), events_.at(i + 1)), "cudaEventElapsedTime");
+      return ms;
+    }
+#endif
+    return std::chrono::duration<double, std::milli>(host_.at(i + 1) - host_.at(i)).count();
+  }
+
+ private:
+#ifdef BENCH_WITH_CUDA
+  static void check(cudaError_t status, const char* call) {
+    if (status != cudaSuccess) throw std::runtime_error(fmt::format("{} failed: {}", call, cudaGetErrorString(status)));
+  }
+  std::vector<cudaEvent_t> events_;
+#endif
+  bool on_gpu_;
+  std::size_t marked_ = 0;
+  std::vector<std::chrono::steady_clock::time_point> host_;
+};
+
+void synchronize(ddp::ProcessGroup& process_group) {
+#ifdef BENCH_WITH_CUDA
+  if (process_group.device().is_cuda()) {
+    const auto status = cudaDeviceSynchronize();
+    if (status != cudaSuccess) throw std::runtime_error(std::string("cudaDeviceSynchronize failed: ") + cudaGetErrorString(status));
+  }
+#endif
+  process_group.communicator().barrier();
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+double mean(const std::vector<double>& values) {
+  return values.empty() ? 0 : std::accumulate(values.begin(), values.end(), 0.0) / static_cast<double>(values.size());
+}
+
+/// Largest value over the ranks.
+double max_over_ranks(ddp::ProcessGroup& process_group, double value) {
+  at::Tensor t = torch::full({1}, value, torch::TensorOptions().dtype(torch::kDouble).device(process_group.device()));
+  process_group.communicator().all_reduce(t, ddp::ReduceOp::kMax)->wait();
+  return t.cpu().item<double>();
+}
+
+struct Workload {
+  Step step;
+  std::string unit;           ///< "img/s" or "tok/s"
+  double items_per_rank = 0;  ///< images or tokens of one rank's batch
+  std::int64_t params = 0;
+  double flops_per_item = 0;  ///< 0 where not reported
+  std::string json_fields;    ///< model-specific fields of the result
+  std::shared_ptr<void> keep_alive;  ///< model, DDP wrapper, optimizer, data
+};
+
+template <typename Model>
+std::function<std::vector<double>()> exposed_from(const std::shared_ptr<ddp::DistributedDataParallel<Model>>& ddp_model) {
+  return [ddp_model] {
+    std::vector<double> exposed;
+    for (const auto& timing : ddp_model->timings()) exposed.push_back(timing.exposed_communication_ms);
+    return exposed;
+  };
+}
+
+Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
+                           const std::shared_ptr<ddp::ProcessGroup>& process_group, const ddp::PrecisionPolicy& policy,
+                           const ddp::DistributedDataParallelOptions& options) {
+  if (policy.uses_float8()) throw ddp::UsageError("ResNet-50 has no fp8 policy (its convolutions have no FP8 kernels); use tf32 or bf16");
+  const auto device = process_group->device();
+  const std::int64_t image = flags.integer("image-size");
+  auto model = resnet::resnet50();
+  model->to(device);
+  resnet::to_channels_last(*model);
+  auto ddp_model = std::make_shared<ddp::DistributedDataParallel<resnet::ResNet>>(model, process_group, options);
+  std::shared_ptr<torch::optim::Optimizer> optimizer = resnet::make_sgd(*model, 0.1, 0.9, 5e-5);
+  const auto on_device = torch::TensorOptions().device(device);
+  const at::Tensor images = torch::randn({batch, 3, image, image}, on_device).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor labels = torch::randint(0, 1000, {batch}, on_device.dtype(torch::kLong));
+  const double label_smoothing = 0.1;
+
+  Workload workload;
+  workload.step.forward_loss = [=] {
+    ddp::PrecisionGuard guard(policy, device);
+    return torch::nn::functional::cross_entropy(
+        (*ddp_model)(images), labels, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(label_smoothing));
+  };
+  workload.step.backward = [](const at::Tensor& loss) { loss.backward(); };
+  workload.step.optimizer_step = [optimizer] {
+    optimizer->step();
+    optimizer->zero_grad();
+  };
+  workload.step.exposed_communication_ms = exposed_from(ddp_model);
+  workload.unit = "img/s";
+  workload.items_per_rank = static_cast<double>(batch);
+  for (const auto& p : model->parameters()) workload.params += p.numel();
+  workload.json_fields = fmt::format("\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}", image);
+  workload.keep_alive = std::make_shared<std::tuple<decltype(ddp_model), decltype(optimizer)>>(ddp_model, optimizer);
+  return workload;
+}
+
+Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
+                        const std::shared_ptr<ddp::ProcessGroup>& process_group, const ddp::PrecisionPolicy& policy,
+                        const ddp::DistributedDataParallelOptions& options) {
+  const auto device = process_group->device();
+  llama::LlamaConfig config;
+  try {
+    config = llama::LlamaConfig::preset(flags.str("preset"));
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
+  if (flags.given("seq")) config.max_seq_len = flags.integer("seq");
+  const std::int64_t seq = config.max_seq_len;
+  llama::Llama model(config);
+  model->to(device);
+  if (policy.uses_float8()) llama::enable_float8_training(*model);
+  auto ddp_model = std::make_shared<ddp::DistributedDataParallel<llama::Llama>>(model, process_group, options);
+  std::shared_ptr<torch::optim::Optimizer> optimizer = llama::make_adamw(*model, 3e-4, 0.95, 0.1);
+  const at::Tensor tokens =
+      torch::randint(0, config.vocab_size, {batch, seq + 1}, torch::TensorOptions().device(device).dtype(torch::kLong));
+  const at::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
+
+  Workload workload;
+  workload.step.forward_loss = [=] {
+    ddp::PrecisionGuard guard(policy, device);
+    return llama::next_token_loss((*ddp_model)(inputs), targets);
+  };
+  workload.step.backward = [](const at::Tensor& loss) { loss.backward(); };
+  workload.step.optimizer_step = [optimizer] {
+    optimizer->step();
+    optimizer->zero_grad();
+  };
+  workload.step.exposed_communication_ms = exposed_from(ddp_model);
+  workload.unit = "tok/s";
+  workload.items_per_rank = static_cast<double>(batch * seq);
+  workload.params = config.parameter_count();
+  // Matmul FLOPs of forward and backward per token: 6 per weight but the
+  // embedding lookup's, plus causal attention's QK^T and AV, half masked.
+  workload.flops_per_item = 6.0 * static_cast<double>(workload.params - config.vocab_size * config.dim) +
+                            6.0 * static_cast<double>(config.n_layers * seq * config.dim);
+  workload.json_fields = fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null",
+                                     flags.str("preset"), seq);
+  workload.keep_alive = std::make_shared<std::tuple<decltype(ddp_model), decltype(optimizer)>>(ddp_model, optimizer);
+  return workload;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags("scaling_bench", "Measures the training throughput of a bundled model under libddp.");
+  flags.add("model", "resnet50", "resnet50 | llama")
+      .add("preset", "tinyllama-1.1b", "LLaMA preset: tiny | tinyllama-1.1b | llama2-7b")
+      .add("seq", "", "LLaMA tokens per sequence (default: the preset's)")
+      .add("image-size", "224", "ResNet-50 image height and width")
+      .add("precision", "bf16", "fp32 | tf32 | bf16 | fp8 (LLaMA)")
+      .add("batch", "", "samples per rank (default: 128 images, 4 sequences)")
+      .add("steps", "30", "timed steps")
+      .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
+      .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
+      .add("bucket-cap-mb", "25", "DDP bucket size")
+      .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
+      .add("json", "", "append the result to this file, one JSON object per line (rank 0)");
+  flags.parse(argc, argv);
+  const std::string model_name = flags.str("model");
+  if (model_name != "resnet50" && model_name != "llama") flags.fail("--model must be resnet50 or llama");
+  const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
+  if (policy.needs_grad_scaler()) flags.fail("fp16 is not benchmarked (it needs the gradient scaler); use bf16");
+  const std::int64_t steps = flags.integer("steps"), warmup = flags.integer("warmup");
+  if (steps < 1 || warmup < 1) flags.fail("--steps and --warmup must be at least 1");
+
+  const std::string device_name = flags.str("device");
+  ddp::InitOptions init_options;
+  if (device_name == "cpu") init_options.backend(ddp::Backend::kGloo);
+  else if (device_name == "cuda") init_options.backend(ddp::Backend::kNccl);
+  else if (device_name != "auto") flags.fail("--device must be auto, cuda or cpu");
+  auto process_group = ddp::init(init_options);
+  const auto device = process_group->device();
+  policy.check_supported(device);
+  // For the whole step: PyTorch's benchmark sets the TF32 switches globally too.
+  ddp::set_process_tf32(policy);
+  at::globalContext().setBenchmarkCuDNN(true);
+  torch::manual_seed(0);
+
+  const bool timeline = !flags.on("no-timeline") && device.is_cuda();
+  const auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(flags.real("bucket-cap-mb")).record_timeline(timeline);
+  const std::int64_t batch = flags.given("batch") ? flags.integer("batch") : model_name == "resnet50" ? 128 : 4;
+  if (batch < 1) flags.fail("--batch must be at least 1");
+  const Workload workload = model_name == "resnet50" ? resnet50_workload(flags, batch, process_group, policy, options)
+                                                     : llama_workload(flags, batch, process_group, policy, options);
+  const Step& step = workload.step;
+
+  at::Tensor loss;
+  for (std::int64_t i = 0; i < warmup; ++i) {
+    loss = step.forward_loss();
+    step.backward(loss);
+    step.optimizer_step();
+  }
+  const std::size_t timed_from = step.exposed_communication_ms().size();
+  StepClock clock(device, static_cast<std::size_t>(steps) * 4);
+  synchronize(*process_group);
+  const auto start = std::chrono::steady_clock::now();
+  for (std::int64_t i = 0; i < steps; ++i) {
+    clock.mark();
+    loss = step.forward_loss();
+    clock.mark();
+    step.backward(loss);
+    clock.mark();
+    step.optimizer_step();
+    clock.mark();
+  }
+  synchronize(*process_group);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::vector<double> forward, backward, optimizer;
+  for (std::int64_t i = 0; i < steps; ++i) {
+    forward.push_back(clock.interval_ms(4 * i));
+    backward.push_back(clock.interval_ms(4 * i + 1));
+    optimizer.push_back(clock.interval_ms(4 * i + 2));
+  }
+  std::vector<double> exposed = step.exposed_communication_ms();
+  exposed.erase(exposed.begin(), exposed.begin() + static_cast<std::ptrdiff_t>(std::min(timed_from, exposed.size())));
+  const double peak_gib = max_over_ranks(*process_group, static_cast<double>(examples::peak_memory_bytes(device))) / (1 << 30);
+  const double final_loss = loss.item<double>();
+
+  const int gpus = process_group->world_size();
+  const double throughput = workload.items_per_rank * gpus * static_cast<double>(steps) / seconds;
+  const std::string flops = workload.flops_per_item > 0
+                                ? fmt::format("\"flops_per_item\": {:.6g}, \"tflops_per_gpu\": {:.2f}", workload.flops_per_item,
+                                              throughput * workload.flops_per_item / gpus / 1e12)
+                                : "\"flops_per_item\": null, \"tflops_per_gpu\": null";
+  const std::string row = fmt::format(
+      "{{\"impl\": \"libddp\", {}, \"precision\": \"{}\", \"gpus\": {}, \"device\": \"{}\", \"batch_per_gpu\": {}, "
+      "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
+      "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
+      "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
+      "\"torch_version\": \"{}\"}}",
+      workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
+      1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward), mean(optimizer),
+      timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops, final_loss,
+      flags.real("bucket-cap-mb"), TORCH_VERSION);
+  if (process_group->rank() == 0) {
+    std::printf("%s\n", row.c_str());
+    if (!flags.str("json").empty()) {
+      std::ofstream out(flags.str("json"), std::ios::app);
+      out << row << '\n';
+      if (!out) throw std::runtime_error("could not write " + flags.str("json"));
+    }
+  }
+  synchronize(*process_group);
+  return 0;
+} catch (const ddp::UsageError& e) {
+  std::fprintf(stderr, "scaling_bench: error: %s\n", e.what());
+  return 2;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "scaling_bench: error: %s\n", e.what());
+  return 1;
+}

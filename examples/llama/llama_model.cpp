@@ -1,0 +1,303 @@
+#include "llama_model.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "compat/torch_compat.h"
+
+namespace llama {
+namespace {
+
+constexpr double kInitStd = 0.02;
+
+const LlamaConfig& checked(const LlamaConfig& config) {
+  const std::pair<const char*, std::int64_t> sizes[] = {
+      {"vocab_size", config.vocab_size}, {"dim", config.dim},
+      {"n_layers", config.n_layers},     {"n_heads", config.n_heads},
+      {"n_kv_heads", config.n_kv_heads}, {"ffn_hidden", config.ffn_hidden},
+      {"max_seq_len", config.max_seq_len}};
+  for (const auto& [name, value] : sizes) {
+    if (value < 1) throw std::invalid_argument(std::string("LlamaConfig: ") + name + " must be positive");
+  }
+  if (config.dim % config.n_heads != 0 || config.n_heads % config.n_kv_heads != 0) {
+    throw std::invalid_argument("LlamaConfig: dim (" + std::to_string(config.dim) + ") must be a multiple of n_heads (" +
+                                std::to_string(config.n_heads) + "), and n_heads of n_kv_heads (" +
+                                std::to_string(config.n_kv_heads) + ")");
+  }
+  if (config.head_dim() % 2 != 0) {
+    throw std::invalid_argument("LlamaConfig: dim / n_heads (" + std::to_string(config.head_dim()) +
+                                ") must be even: rotary embeddings rotate pairs of features");
+  }
+  return config;
+}
+
+ddp::Float8Linear linear(std::int64_t in_features, std::int64_t out_features) {
+  return ddp::Float8Linear(torch::nn::LinearOptions(in_features, out_features).bias(false),
+                           ddp::Float8Options().enabled(false));
+}
+
+// q [batch, heads, seq, head_dim]; k and v with as many heads as q.
+torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+#if DDP_TORCH_HAS_SDPA
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+#else
+  const std::int64_t seq = q.size(-2);
+  const torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(q.size(-1)));
+  const torch::Tensor future = torch::ones({seq, seq}, q.options().dtype(torch::kBool)).triu(1);
+  // Softmax in fp32, as SDPA does under autocast.
+  const torch::Tensor weights =
+      torch::softmax(scores.masked_fill(future, -std::numeric_limits<double>::infinity()), -1, torch::kFloat);
+  return torch::matmul(weights.to(q.scalar_type()), v);
+#endif
+}
+
+// What backward needs to rerun a checkpointed block: the block (with the
+// rotation of the sequence), its parameters, and the autocast state of the
+// original forward, which backward, usually outside the autocast region, must
+// reproduce to compute the same thing.
+struct Recompute : torch::CustomClassHolder {
+  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::vector<torch::Tensor> parameters;
+  c10::DeviceType device_type = c10::DeviceType::CPU;
+  bool autocast_enabled = false;
+  c10::ScalarType autocast_dtype = c10::ScalarType::Undefined;
+};
+
+// Sets autocast as a Recompute recorded it, for the lifetime of the guard.
+class AutocastAs {
+ public:
+  explicit AutocastAs(const Recompute& recompute)
+      : device_type_(recompute.device_type),
+        previous_enabled_(ddp::compat::autocast_enabled(device_type_)),
+        previous_dtype_(ddp::compat::autocast_dtype(device_type_)),
+        entered_(recompute.autocast_enabled) {
+    ddp::compat::set_autocast_enabled(device_type_, recompute.autocast_enabled);
+    ddp::compat::set_autocast_dtype(device_type_, recompute.autocast_dtype);
+    if (entered_) at::autocast::increment_nesting();
+  }
+  ~AutocastAs() {
+    // The weights autocast caches would be stale after the optimizer step.
+    if (entered_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    ddp::compat::set_autocast_enabled(device_type_, previous_enabled_);
+    ddp::compat::set_autocast_dtype(device_type_, previous_dtype_);
+  }
+  AutocastAs(const AutocastAs&) = delete;
+  AutocastAs& operator=(const AutocastAs&) = delete;
+
+ private:
+  c10::DeviceType device_type_;
+  bool previous_enabled_;
+  c10::ScalarType previous_dtype_;
+  bool entered_;
+};
+
+// Activation checkpointing; LibTorch has no torch.utils.checkpoint. Forward
+// keeps only the block's input; backward reruns the block with grad enabled
+// and differentiates that. The blocks draw no random numbers (no dropout), so
+// the rerun computes exactly what the forward did and the gradients are those
+// of the plain model. The parameters are inputs of this function, so their
+// gradients reach their AccumulateGrad nodes (and DDP's hooks there) once,
+// through the outer backward.
+struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               at::TensorList /*parameters: only to connect their gradients*/,
+                               const c10::intrusive_ptr<Recompute>& recompute) {
+    // Function::apply runs this with grad mode off, so the block keeps no activations.
+    ctx->save_for_backward({x});
+    ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
+    return recompute->forward(x);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    const torch::Tensor saved_x = ctx->get_saved_variables().at(0);
+    const auto recompute = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
+    const torch::Tensor x = saved_x.detach().requires_grad_(saved_x.requires_grad());
+
+    // One gradient per input of forward: x, each parameter, and none for the Recompute.
+    std::vector<torch::Tensor> inputs{x};
+    inputs.insert(inputs.end(), recompute->parameters.begin(), recompute->parameters.end());
+    std::vector<torch::Tensor> differentiable;
+    for (const auto& input : inputs) {
+      if (input.requires_grad()) differentiable.push_back(input);
+    }
+    torch::Tensor output;
+    {
+      torch::AutoGradMode grad_mode(true);
+      AutocastAs autocast(*recompute);
+      output = recompute->forward(x);
+    }
+    const auto grads = torch::autograd::grad({output}, differentiable, {grad_outputs.at(0)});
+
+    torch::autograd::variable_list result(inputs.size() + 1);
+    for (std::size_t i = 0, next = 0; i < inputs.size(); ++i) {
+      if (inputs[i].requires_grad()) result[i] = grads[next++];
+    }
+    return result;
+  }
+};
+
+torch::Tensor checkpointed(const std::shared_ptr<TransformerBlockImpl>& block, const torch::Tensor& x,
+                           const Rotation& rotation) {
+  auto recompute = c10::make_intrusive<Recompute>();
+  recompute->forward = [block, rotation](const torch::Tensor& input) { return block->forward(input, rotation); };
+  recompute->parameters = block->parameters();
+  recompute->device_type = x.device().type();
+  recompute->autocast_enabled = ddp::compat::autocast_enabled(recompute->device_type);
+  recompute->autocast_dtype = ddp::compat::autocast_dtype(recompute->device_type);
+  return CheckpointedBlock::apply(x, at::TensorList(recompute->parameters), recompute);
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::preset(const std::string& name) {
+  // vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden, max_seq_len
+  const std::pair<const char*, LlamaConfig> presets[] = {
+      // Byte-level; FFN as LLaMA sizes it, 2/3 of 4 * dim rounded up to a multiple of 16.
+      {"tiny", {256, 64, 2, 4, 2, 176, 64}},
+      {"tinyllama-1.1b", {32000, 2048, 22, 32, 4, 5632, 2048}},
+      {"llama2-7b", {32000, 4096, 32, 32, 32, 11008, 4096}},
+  };
+  std::string names;
+  for (const auto& [preset_name, config] : presets) {
+    if (name == preset_name) return config;
+    names += names.empty() ? preset_name : std::string(", ") + preset_name;
+  }
+  throw std::invalid_argument("unknown LLaMA preset '" + name + "' (valid: " + names + ")");
+}
+
+std::int64_t LlamaConfig::parameter_count() const {
+  const std::int64_t kv_dim = n_kv_heads * head_dim();
+  const std::int64_t attention = 2 * dim * dim + 2 * dim * kv_dim;  // wq, wo; wk, wv
+  const std::int64_t feed_forward = 3 * dim * ffn_hidden;           // w1, w2, w3
+  const std::int64_t block = attention + feed_forward + 2 * dim;    // and two norms
+  const std::int64_t embeddings = vocab_size * dim * (tie_embeddings ? 1 : 2);
+  return embeddings + n_layers * block + dim;  // and the final norm
+}
+
+RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps) : eps(eps) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (normed * weight.to(torch::kFloat)).to(x.scalar_type());
+}
+
+torch::Tensor Rotation::apply(const torch::Tensor& x) const {
+  const std::int64_t seq = x.size(1);
+  const torch::Tensor pairs = x.to(torch::kFloat).reshape({x.size(0), seq, x.size(2), -1, 2});
+  const torch::Tensor even = pairs.select(-1, 0);
+  const torch::Tensor odd = pairs.select(-1, 1);
+  const torch::Tensor c = cos.view({1, seq, 1, -1});
+  const torch::Tensor s = sin.view({1, seq, 1, -1});
+  return torch::stack({even * c - odd * s, even * s + odd * c}, -1).flatten(-2).to(x.scalar_type());
+}
+
+RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len, double theta) {
+  const auto float64 = torch::TensorOptions().dtype(torch::kDouble);
+  const torch::Tensor inverse_frequencies =
+      1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, float64) / static_cast<double>(head_dim));
+  const torch::Tensor angles = torch::outer(torch::arange(max_seq_len, float64), inverse_frequencies);
+  cos_ = angles.cos().to(torch::kFloat);
+  sin_ = angles.sin().to(torch::kFloat);
+}
+
+Rotation RotaryEmbedding::rotation(std::int64_t seq_len, const c10::Device& device) {
+  TORCH_CHECK(seq_len <= cos_.size(0), "sequence of ", seq_len, " tokens, longer than max_seq_len (", cos_.size(0),
+              ")");
+  if (cos_.device() != device) {
+    cos_ = cos_.to(device);
+    sin_ = sin_.to(device);
+  }
+  return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
+}
+
+AttentionImpl::AttentionImpl(const LlamaConfig& config)
+    : n_heads(config.n_heads), n_kv_heads(config.n_kv_heads), head_dim(config.head_dim()) {
+  wq = register_module("wq", linear(config.dim, n_heads * head_dim));
+  wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim));
+  wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim));
+  wo = register_module("wo", linear(n_heads * head_dim, config.dim));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
+  const std::int64_t batch = x.size(0);
+  const std::int64_t seq = x.size(1);
+  torch::Tensor q = rotation.apply(wq(x).view({batch, seq, n_heads, head_dim})).transpose(1, 2);
+  torch::Tensor k = rotation.apply(wk(x).view({batch, seq, n_kv_heads, head_dim})).transpose(1, 2);
+  torch::Tensor v = wv(x).view({batch, seq, n_kv_heads, head_dim}).transpose(1, 2);
+  if (n_kv_heads != n_heads) {
+    // Key/value head j serves query heads [j * group, (j + 1) * group).
+    const std::int64_t group = n_heads / n_kv_heads;
+    k = k.repeat_interleave(group, /*dim=*/1);
+    v = v.repeat_interleave(group, /*dim=*/1);
+  }
+  return wo(causal_attention(q, k, v).transpose(1, 2).reshape({batch, seq, n_heads * head_dim}));
+}
+
+FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden) {
+  w1 = register_module("w1", linear(dim, hidden));
+  w2 = register_module("w2", linear(hidden, dim));
+  w3 = register_module("w3", linear(dim, hidden));
+}
+
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) { return w2(torch::silu(w1(x)) * w3(x)); }
+
+TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config) {
+  attention_norm = register_module("attention_norm", RMSNorm(config.dim, config.norm_eps));
+  attention = register_module("attention", Attention(config));
+  ffn_norm = register_module("ffn_norm", RMSNorm(config.dim, config.norm_eps));
+  feed_forward = register_module("feed_forward", FeedForward(config.dim, config.ffn_hidden));
+}
+
+torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
+  const torch::Tensor h = x + attention(attention_norm(x), rotation);
+  return h + feed_forward(ffn_norm(h));
+}
+
+LlamaImpl::LlamaImpl(const LlamaConfig& config)
+    : config(checked(config)),
+      rotary_(config.head_dim(), config.max_seq_len, config.rope_theta) {
+  tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(config.vocab_size, config.dim));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (std::int64_t i = 0; i < config.n_layers; ++i) layers->push_back(TransformerBlock(config));
+  norm = register_module("norm", RMSNorm(config.dim, config.norm_eps));
+  // A tied head is the embedding's weight itself, not a second module holding
+  // it: LibTorch's parameters() does not deduplicate, so a shared tensor
+  // registered twice would be counted, and optimized, twice.
+  if (!config.tie_embeddings) output = register_module("output", linear(config.dim, config.vocab_size));
+
+  torch::NoGradGuard no_grad;
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (auto* layer = module->as<ddp::Float8Linear>()) torch::nn::init::normal_(layer->weight, 0.0, kInitStd);
+  }
+  torch::nn::init::normal_(tok_embeddings->weight, 0.0, kInitStd);
+  // Every block adds its two projections to the residual stream; scaling them
+  // keeps the stream's variance from growing with depth (GPT-2).
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config.n_layers));
+  for (std::size_t i = 0; i < layers->size(); ++i) {
+    const auto block = layers->ptr<TransformerBlockImpl>(i);
+    torch::nn::init::normal_(block->attention->wo->weight, 0.0, residual_std);
+    torch::nn::init::normal_(block->feed_forward->w2->weight, 0.0, residual_std);
+  }
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
+  TORCH_CHECK(tokens.dim() == 2, "Llama expects tokens [batch, seq], got ", tokens.sizes());
+  const Rotation rotation = rotary_.rotation(tokens.size(1), tokens.device());
+  torch::Tensor h = tok_embeddings(tokens);
+  for (std::size_t i = 0; i < layers->size(); ++i) {
+    const auto block = layers->ptr<TransformerBlockImpl>(i);
+    h = config.activation_checkpointing ? checkpointed(block, h, rotation) : block->forward(h, rotation);
+  }
+  h = norm(h);
+  return config.tie_embeddings ? torch::nn::functional::linear(h, tok_embeddings->weight) : output(h);
+}
+
+}  // namespace llama

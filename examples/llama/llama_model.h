@@ -1,0 +1,138 @@
+#pragma once
+
+// A LLaMA-architecture decoder: RMSNorm, rotary position embeddings,
+// grouped-query causal attention and a SwiGLU feed-forward in pre-norm
+// residual blocks. Parameter names are those of Meta's reference
+// implementation (tok_embeddings, layers.N.attention.wq, ..., norm, output).
+//
+// Every linear layer is a ddp::Float8Linear with FP8 off: it computes exactly
+// what torch::nn::Linear does until ddp::float8::enable_float8() switches it on.
+
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+#include <ddp/float8.h>
+
+namespace llama {
+
+struct LlamaConfig {
+  std::int64_t vocab_size = 0;
+  std::int64_t dim = 0;
+  std::int64_t n_layers = 0;
+  std::int64_t n_heads = 0;
+  /// Key/value heads; fewer than n_heads (and dividing it) is grouped-query attention.
+  std::int64_t n_kv_heads = 0;
+  /// Hidden size of the SwiGLU feed-forward.
+  std::int64_t ffn_hidden = 0;
+  /// Longest sequence the rotary tables cover.
+  std::int64_t max_seq_len = 0;
+  double rope_theta = 10000;
+  double norm_eps = 1e-5;
+  /// The output head reuses the token embedding's weight (and has no `output` module).
+  bool tie_embeddings = false;
+  /// Recompute each block's activations in backward instead of keeping them.
+  bool activation_checkpointing = false;
+
+  /// "tiny" (byte-level, for CPU tests), "tinyllama-1.1b" or "llama2-7b".
+  /// std::invalid_argument listing the valid names otherwise.
+  static LlamaConfig preset(const std::string& name);
+
+  std::int64_t head_dim() const { return dim / n_heads; }
+  /// The number of parameters of the model this configuration builds.
+  std::int64_t parameter_count() const;
+};
+
+/// Root-mean-square layer norm with a learned scale. Computed in fp32 whatever
+/// the input's dtype; the output has the input's dtype.
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(std::int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  double eps;
+  torch::Tensor weight;
+};
+TORCH_MODULE(RMSNorm);
+
+/// The rotation RoPE applies at the positions of one sequence: cos and sin of
+/// the angles, [seq_len, head_dim / 2] in fp32.
+struct Rotation {
+  /// Rotates consecutive pairs of features of x [batch, seq, heads, head_dim],
+  /// Meta's (interleaved) layout.
+  torch::Tensor apply(const torch::Tensor& x) const;
+
+  torch::Tensor cos;
+  torch::Tensor sin;
+};
+
+/// The tables of rotary position embeddings. Not a module: they are a
+/// function of the configuration, so they are kept out of the state dict
+/// (checkpoints keep Meta's keys), out of DDP's buffer broadcast, and in fp32
+/// when the model is cast to a lower precision. They follow the input to its
+/// device on first use instead of with Module::to().
+class RotaryEmbedding {
+ public:
+  RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len, double theta);
+  /// The rotation of positions [0, seq_len) on `device`.
+  Rotation rotation(std::int64_t seq_len, const c10::Device& device);
+
+ private:
+  torch::Tensor cos_;
+  torch::Tensor sin_;
+};
+
+/// Multi-head causal self-attention; with n_kv_heads < n_heads every key/value
+/// head serves n_heads / n_kv_heads consecutive query heads (grouped-query).
+struct AttentionImpl : torch::nn::Module {
+  explicit AttentionImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const Rotation& rotation);
+
+  std::int64_t n_heads, n_kv_heads, head_dim;
+  ddp::Float8Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+};
+TORCH_MODULE(Attention);
+
+/// SwiGLU: w2(silu(w1 x) * w3 x).
+struct FeedForwardImpl : torch::nn::Module {
+  FeedForwardImpl(std::int64_t dim, std::int64_t hidden);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  ddp::Float8Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+/// Pre-norm residual block: x + attention(norm(x)), then h + feed_forward(norm(h)).
+struct TransformerBlockImpl : torch::nn::Module {
+  explicit TransformerBlockImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const Rotation& rotation);
+
+  RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
+  Attention attention{nullptr};
+  FeedForward feed_forward{nullptr};
+};
+TORCH_MODULE(TransformerBlock);
+
+/// The decoder. Initialised as GPT-2 and nanoGPT do: weights of the linear
+/// layers and the embedding from N(0, 0.02), the projections back into the
+/// residual stream (wo, w2) from N(0, 0.02 / sqrt(2 n_layers)), norms to ones.
+struct LlamaImpl : torch::nn::Module {
+  /// std::invalid_argument for inconsistent dimensions.
+  explicit LlamaImpl(const LlamaConfig& config);
+  /// tokens [batch, seq] int64, seq <= max_seq_len -> logits [batch, seq, vocab].
+  torch::Tensor forward(const torch::Tensor& tokens);
+
+  /// Only activation_checkpointing may change after construction.
+  LlamaConfig config;
+  torch::nn::Embedding tok_embeddings{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+  /// Null with tie_embeddings.
+  ddp::Float8Linear output{nullptr};
+
+ private:
+  RotaryEmbedding rotary_;
+};
+TORCH_MODULE(Llama);
+
+}  // namespace llama

@@ -1,0 +1,27 @@
+#include "llama_training.h"
+
+#include <string>
+#include <vector>
+
+namespace llama {
+
+ddp::float8::Report enable_float8_training(LlamaImpl& model) {
+  return ddp::float8::enable_float8(model, ddp::Float8Options(),
+                                    [](const std::string& path, const ddp::Float8LinearImpl&) { return path != "output"; });
+}
+
+std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(LlamaImpl& model, double lr, double beta2, double weight_decay) {
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& param : model.parameters()) (param.dim() >= 2 ? decay : no_decay).push_back(param);
+  const auto adamw = torch::optim::AdamWOptions(lr).betas({0.9, beta2});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw).weight_decay(weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw).weight_decay(0)));
+  return std::make_unique<ddp::optim::FusedAdamW>(std::move(groups), adamw);
+}
+
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
+}
+
+}  // namespace llama

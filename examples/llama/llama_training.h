@@ -1,0 +1,29 @@
+#pragma once
+
+// How this project trains a LLaMA decoder, shared by train_llama and the
+// scaling benchmark so that the benchmark measures exactly what the example runs.
+
+#include <memory>
+
+#include <torch/torch.h>
+
+#include <ddp/float8.h>
+#include <ddp/optim.h>
+
+#include "llama_model.h"
+
+namespace llama {
+
+/// FP8 in every linear layer but the output head, which stays in bf16 as
+/// Transformer Engine and torchao recommend: its logits feed the softmax directly.
+ddp::float8::Report enable_float8_training(LlamaImpl& model);
+
+/// AdamW (fused where LibTorch has the kernel) with weight decay on matrices
+/// only, not on norms.
+std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(LlamaImpl& model, double lr, double beta2, double weight_decay);
+
+/// Mean cross entropy of predicting `targets` [batch, seq] from `logits`
+/// [batch, seq, vocab], computed in fp32 whatever the logits' dtype.
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace llama

@@ -1,0 +1,22 @@
+#pragma once
+
+// How this project trains a ResNet, shared by train_resnet50 and the scaling
+// benchmark so that the benchmark measures exactly what the example runs.
+
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "resnet.h"
+
+namespace resnet {
+
+/// Convolution weights in channels_last: cuDNN's fastest convolutions on
+/// tensor cores read NHWC. Call after moving the model to its device.
+void to_channels_last(ResNetImpl& model);
+
+/// SGD with momentum; weight decay only on convolution and linear weights,
+/// not on BatchNorm parameters and biases.
+std::unique_ptr<torch::optim::SGD> make_sgd(ResNetImpl& model, double lr, double momentum, double weight_decay);
+
+}  // namespace resnet
