@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include <ddp/optim.h>
+
 #include "resnet.h"
 
 namespace resnet {
@@ -15,8 +17,8 @@ namespace resnet {
 /// tensor cores read NHWC. Call after moving the model to its device.
 void to_channels_last(ResNetImpl& model);
 
-/// SGD with momentum; weight decay only on convolution and linear weights,
+/// SGD with momentum (fused on GPUs); weight decay only on convolution and linear weights,
 /// not on BatchNorm parameters and biases.
-std::unique_ptr<torch::optim::SGD> make_sgd(ResNetImpl& model, double lr, double momentum, double weight_decay);
+std::unique_ptr<ddp::optim::FusedSGD> make_sgd(ResNetImpl& model, double lr, double momentum, double weight_decay);
 
 }  // namespace resnet

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 
 namespace ddp::optim {
 
@@ -16,6 +17,22 @@ class FusedAdamW : public torch::optim::AdamW {
   /// One AdamW step, fused where fused() says so. Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  /// Whether the next step() takes the fused path.
+  bool fused() const;
+};
+
+/// torch::optim::SGD whose step runs ATen's fused multi-tensor kernel
+/// (`_fused_sgd_`, what `torch.optim.SGD(fused=True)` runs) for CUDA
+/// parameters, where the LibTorch version has it: one launch per device and
+/// dtype instead of several kernels per parameter, which matters for models of
+/// many small tensors such as ResNet-50. Elsewhere (CPU parameters, sparse
+/// gradients, LibTorch 1.x) it is SGD's own step. Options, state and
+/// checkpoints are SGD's, so either loads the other's.
+class FusedSGD : public torch::optim::SGD {
+ public:
+  using torch::optim::SGD::SGD;
+  /// One SGD step, fused where fused() says so. Returns the closure's loss.
+  torch::Tensor step(LossClosure closure = nullptr) override;
   /// Whether the next step() takes the fused path.
   bool fused() const;
 };

@@ -33,6 +33,8 @@
 
 // ATen's fused AdamW kernel (what torch.optim.AdamW(fused=True) runs).
 #define DDP_TORCH_HAS_FUSED_ADAMW __has_include(<ATen/ops/_fused_adamw.h>)
+// ATen's fused SGD kernel (what torch.optim.SGD(fused=True) runs), since 2.3.
+#define DDP_TORCH_HAS_FUSED_SGD __has_include(<ATen/ops/_fused_sgd.h>)
 
 namespace ddp::compat {
 

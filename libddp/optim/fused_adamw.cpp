@@ -3,12 +3,12 @@
 #include <map>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
+#include "optim/state_key.h"
 
 namespace ddp::optim {
 
@@ -35,17 +35,6 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
-  // The state map's key is the parameter's TensorImpl, as a string in older
-  // LibTorch and as the pointer in newer: take whichever this one uses.
-  using Key = typename std::decay_t<decltype(state_)>::key_type;
-  const auto key_of = [](const auto& param) -> Key {  // generic: only the taken branch is compiled
-    if constexpr (std::is_same_v<Key, std::string>) {
-      return c10::str(param.unsafeGetTensorImpl());  // as torch::optim formats it
-    } else {
-      return param.unsafeGetTensorImpl();
-    }
-  };
-
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     // The kernel takes tensors of one device and dtype per call.
@@ -56,7 +45,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     std::map<std::tuple<c10::DeviceIndex, c10::ScalarType>, Lists> lists;
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
-      auto& slot = state_[key_of(param)];
+      auto& slot = state_[detail::state_key<decltype(state_)>(param)];
       if (!slot) {
         auto state = std::make_unique<torch::optim::AdamWParamState>();
         state->step(0);

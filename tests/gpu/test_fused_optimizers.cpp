@@ -1,5 +1,6 @@
-// FusedAdamW on a GPU takes the fused kernel and matches torch::optim::AdamW,
-// and the two read each other's checkpoints.
+// The fused optimizers on a GPU take the fused kernels and match LibTorch's
+// own optimizers (FusedAdamW AdamW, FusedSGD SGD), and each reads the other's
+// checkpoints.
 
 #include <sstream>
 
@@ -24,12 +25,14 @@ void set_gradients(std::vector<torch::Tensor>& params, int step) {
   for (auto& p : params) p.mutable_grad() = torch::randn_like(p);
 }
 
-TEST(FusedAdamW, MatchesAdamWAndSharesItsCheckpoints) {
-  const auto options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas({0.9, 0.95});
+/// Five steps of Fused and Reference from the same parameters and gradients
+/// agree, and Reference continues from Fused's checkpoint.
+template <typename Fused, typename Reference, typename Options>
+void expect_matches_and_shares_checkpoints(const Options& options) {
   auto fused_params = make_parameters();
   auto reference_params = make_parameters();
-  ddp::optim::FusedAdamW fused(fused_params, options);
-  torch::optim::AdamW reference(reference_params, options);
+  Fused fused(fused_params, options);
+  Reference reference(reference_params, options);
   ASSERT_TRUE(fused.fused());
   for (int step = 0; step < 5; ++step) {
     set_gradients(fused_params, step);
@@ -42,12 +45,12 @@ TEST(FusedAdamW, MatchesAdamWAndSharesItsCheckpoints) {
     EXPECT_FALSE(torch::equal(fused_params[i], make_parameters()[i])) << "parameter " << i << " never moved";
   }
 
-  // The fused optimizer's state continues in a plain AdamW.
+  // The fused optimizer's state continues in the plain one.
   std::stringstream stream;
   torch::save(fused, stream);
   auto resumed_params = make_parameters();
   for (size_t i = 0; i < resumed_params.size(); ++i) resumed_params[i].data().copy_(fused_params[i]);
-  torch::optim::AdamW resumed(resumed_params, options);
+  Reference resumed(resumed_params, options);
   torch::load(resumed, stream);
   set_gradients(fused_params, 5);
   set_gradients(resumed_params, 5);
@@ -56,6 +59,19 @@ TEST(FusedAdamW, MatchesAdamWAndSharesItsCheckpoints) {
   for (size_t i = 0; i < fused_params.size(); ++i) {
     EXPECT_LT((fused_params[i] - resumed_params[i]).abs().max().item<double>(), 1e-6) << "parameter " << i;
   }
+}
+
+TEST(FusedAdamW, MatchesAdamWAndSharesItsCheckpoints) {
+  expect_matches_and_shares_checkpoints<ddp::optim::FusedAdamW, torch::optim::AdamW>(
+      torch::optim::AdamWOptions(1e-2).weight_decay(0.1).betas({0.9, 0.95}));
+}
+
+TEST(FusedSGD, MatchesSGDAndSharesItsCheckpoints) {
+  expect_matches_and_shares_checkpoints<ddp::optim::FusedSGD, torch::optim::SGD>(
+      torch::optim::SGDOptions(1e-2).momentum(0.9).weight_decay(1e-4));
+  expect_matches_and_shares_checkpoints<ddp::optim::FusedSGD, torch::optim::SGD>(
+      torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true));
+  expect_matches_and_shares_checkpoints<ddp::optim::FusedSGD, torch::optim::SGD>(torch::optim::SGDOptions(1e-2));
 }
 
 }  // namespace

@@ -1,0 +1,76 @@
+#include <ddp/optim.h>
+
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "compat/torch_compat.h"
+#include "optim/state_key.h"
+
+namespace ddp::optim {
+
+bool FusedSGD::fused() const {
+#if DDP_TORCH_HAS_FUSED_SGD
+  for (const auto& group : param_groups_) {
+    for (const auto& param : group.params()) {
+      if (!param.is_cuda() || (param.grad().defined() && param.grad().is_sparse())) return false;
+    }
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor FusedSGD::step(LossClosure closure) {
+  if (!fused()) return torch::optim::SGD::step(std::move(closure));
+#if DDP_TORCH_HAS_FUSED_SGD
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
+    const bool with_momentum = options.momentum() != 0;
+    // One call per device and dtype, and apart for parameters whose momentum
+    // buffer starts now: the kernel then sets it to the gradient, as SGD does.
+    struct Lists {
+      std::vector<at::Tensor> params, grads, momentum_buffers;
+    };
+    std::map<std::tuple<c10::DeviceIndex, c10::ScalarType, bool>, Lists> lists;
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      bool first_step = false;
+      at::Tensor buffer;
+      if (with_momentum) {
+        auto& slot = state_[detail::state_key<decltype(state_)>(param)];
+        if (!slot) {
+          auto state = std::make_unique<torch::optim::SGDParamState>();
+          state->momentum_buffer(at::empty_like(param, at::MemoryFormat::Preserve));
+          slot = std::move(state);
+          first_step = true;
+        }
+        buffer = static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer();
+      }
+      Lists& list = lists[{param.device().index(), param.scalar_type(), first_step}];
+      list.params.push_back(param);
+      list.grads.push_back(param.grad());
+      if (with_momentum) list.momentum_buffers.push_back(buffer);
+    }
+    for (auto& [where, list] : lists) {
+      at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(),
+                      options.lr(), options.dampening(), options.nesterov(), /*maximize=*/false,
+                      /*is_first_step=*/std::get<2>(where));
+    }
+  }
+  return loss;
+#else
+  return {};
+#endif
+}
+
+}  // namespace ddp::optim
