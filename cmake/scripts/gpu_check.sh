@@ -4,7 +4,7 @@
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
 # STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision examples scaling
-# EXAMPLE_GPUS (default: gpu, all of them) sets the examples' process count;
+# EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [STEP...]}
@@ -40,11 +40,11 @@ step precision build/gpu/benchmarks/precision/precision_bench --json "$out/preci
 run_examples() {
   local run="build/gpu/libddp/ddprun --nproc-per-node ${EXAMPLE_GPUS:-gpu} --standalone" p
   for p in fp32 tf32 bf16 fp16; do
-    $run build/gpu/examples/resnet50/train_resnet50 --precision $p --steps 30 --log-every 10 --eval-batches 2 \
+    $run build/gpu/examples/resnet50/train_resnet50 --precision $p --steps ${EXAMPLE_STEPS:-20} --log-every 10 --eval-batches 2 \
       --metrics "$out/resnet50-$p.jsonl" || return 1
   done
   for p in fp32 tf32 bf16 fp16 fp8; do
-    $run build/gpu/examples/llama/train_llama --preset tinyllama-1.1b --precision $p --steps 20 --warmup 5 \
+    $run build/gpu/examples/llama/train_llama --preset tinyllama-1.1b --precision $p --steps ${EXAMPLE_STEPS:-20} --warmup 5 \
       --log-every 10 --eval-batches 1 --metrics "$out/llama-$p.jsonl" || return 1
   done
 }
