@@ -544,6 +544,9 @@ def main():
     with open(files["svg"], "w") as out:
         out.write(svg(report, args))
     print("run_scaling: wrote " + ", ".join(files.values()))
+    failed = [f"{r['impl']}-{r['model']}-{r['precision']}-{r['gpus']}" for r in rows if r.get("error")]
+    if failed:  # reported above and in the files; the exit status lets scripts and tests notice
+        raise SystemExit(f"run_scaling: {len(failed)} run(s) failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
