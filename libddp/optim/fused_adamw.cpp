@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
-#include "optim/state_key.h"
+#include "optim/fused_step.h"
 
 namespace ddp::optim {
 
@@ -16,11 +16,8 @@ bool FusedAdamW::fused() const {
 #if DDP_TORCH_HAS_FUSED_ADAMW
   for (const auto& group : param_groups_) {
     if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return false;
-    for (const auto& param : group.params()) {
-      if (!param.is_cuda() || (param.grad().defined() && param.grad().is_sparse())) return false;
-    }
   }
-  return true;
+  return detail::cuda_and_dense(param_groups_);
 #else
   return false;
 #endif
@@ -29,12 +26,8 @@ bool FusedAdamW::fused() const {
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   if (!fused()) return torch::optim::AdamW::step(std::move(closure));
 #if DDP_TORCH_HAS_FUSED_ADAMW
+  const torch::Tensor loss = detail::evaluate(closure);
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     // The kernel takes tensors of one device and dtype per call.

@@ -7,18 +7,13 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
-#include "optim/state_key.h"
+#include "optim/fused_step.h"
 
 namespace ddp::optim {
 
 bool FusedSGD::fused() const {
 #if DDP_TORCH_HAS_FUSED_SGD
-  for (const auto& group : param_groups_) {
-    for (const auto& param : group.params()) {
-      if (!param.is_cuda() || (param.grad().defined() && param.grad().is_sparse())) return false;
-    }
-  }
-  return true;
+  return detail::cuda_and_dense(param_groups_);
 #else
   return false;
 #endif
@@ -27,12 +22,8 @@ bool FusedSGD::fused() const {
 torch::Tensor FusedSGD::step(LossClosure closure) {
   if (!fused()) return torch::optim::SGD::step(std::move(closure));
 #if DDP_TORCH_HAS_FUSED_SGD
+  const torch::Tensor loss = detail::evaluate(closure);
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   for (auto& group : param_groups_) {
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
     const bool with_momentum = options.momentum() != 0;
