@@ -150,13 +150,24 @@ struct Workload {
   std::shared_ptr<void> keep_alive;  ///< model, DDP wrapper, optimizer, data
 };
 
+/// A plain DDP training step of `ddp_model`: forward_loss, loss.backward(),
+/// optimizer step, zero_grad; exposed communication from DDP's timeline.
 template <typename Model>
-std::function<std::vector<double>()> exposed_from(const std::shared_ptr<ddp::DistributedDataParallel<Model>>& ddp_model) {
-  return [ddp_model] {
+Step ddp_step(std::shared_ptr<ddp::DistributedDataParallel<Model>> ddp_model,
+              std::shared_ptr<torch::optim::Optimizer> optimizer, std::function<at::Tensor()> forward_loss) {
+  Step step;
+  step.forward_loss = std::move(forward_loss);
+  step.backward = [](const at::Tensor& loss) { loss.backward(); };
+  step.optimizer_step = [optimizer] {
+    optimizer->step();
+    optimizer->zero_grad();
+  };
+  step.exposed_communication_ms = [ddp_model] {
     std::vector<double> exposed;
     for (const auto& timing : ddp_model->timings()) exposed.push_back(timing.exposed_communication_ms);
     return exposed;
   };
+  return step;
 }
 
 Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
@@ -176,17 +187,11 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   const double label_smoothing = 0.1;
 
   Workload workload;
-  workload.step.forward_loss = [=] {
+  workload.step = ddp_step(ddp_model, optimizer, [=] {
     ddp::PrecisionGuard guard(policy, device);
     return torch::nn::functional::cross_entropy(
         (*ddp_model)(images), labels, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(label_smoothing));
-  };
-  workload.step.backward = [](const at::Tensor& loss) { loss.backward(); };
-  workload.step.optimizer_step = [optimizer] {
-    optimizer->step();
-    optimizer->zero_grad();
-  };
-  workload.step.exposed_communication_ms = exposed_from(ddp_model);
+  });
   workload.unit = "img/s";
   workload.items_per_rank = static_cast<double>(batch);
   for (const auto& p : model->parameters()) workload.params += p.numel();
@@ -217,16 +222,10 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   const at::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
 
   Workload workload;
-  workload.step.forward_loss = [=] {
+  workload.step = ddp_step(ddp_model, optimizer, [=] {
     ddp::PrecisionGuard guard(policy, device);
     return llama::next_token_loss((*ddp_model)(inputs), targets);
-  };
-  workload.step.backward = [](const at::Tensor& loss) { loss.backward(); };
-  workload.step.optimizer_step = [optimizer] {
-    optimizer->step();
-    optimizer->zero_grad();
-  };
-  workload.step.exposed_communication_ms = exposed_from(ddp_model);
+  });
   workload.unit = "tok/s";
   workload.items_per_rank = static_cast<double>(batch * seq);
   workload.params = config.parameter_count();
