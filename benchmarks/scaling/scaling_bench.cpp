@@ -47,10 +47,10 @@
 
 namespace {
 
-/// One training step split into the phases the report shows.
+/// One training step split into the phases the report shows (between
+/// forward_loss and optimizer_step: loss.backward()).
 struct Step {
   std::function<at::Tensor()> forward_loss;
-  std::function<void(const at::Tensor& loss)> backward;
   std::function<void()> optimizer_step;
   /// The DDP timeline's exposed communication of each reduced backward so far.
   std::function<std::vector<double>()> exposed_communication_ms;
@@ -147,17 +147,16 @@ struct Workload {
   std::int64_t params = 0;
   double flops_per_item = 0;  ///< 0 where not reported
   std::string json_fields;    ///< model-specific fields of the result
-  std::shared_ptr<void> keep_alive;  ///< model, DDP wrapper, optimizer, data
 };
 
 /// A plain DDP training step of `ddp_model`: forward_loss, loss.backward(),
-/// optimizer step, zero_grad; exposed communication from DDP's timeline.
+/// optimizer step, zero_grad; exposed communication from DDP's timeline. The
+/// step's functions own the model, the optimizer and the data.
 template <typename Model>
 Step ddp_step(std::shared_ptr<ddp::DistributedDataParallel<Model>> ddp_model,
               std::shared_ptr<torch::optim::Optimizer> optimizer, std::function<at::Tensor()> forward_loss) {
   Step step;
   step.forward_loss = std::move(forward_loss);
-  step.backward = [](const at::Tensor& loss) { loss.backward(); };
   step.optimizer_step = [optimizer] {
     optimizer->step();
     optimizer->zero_grad();
@@ -173,7 +172,7 @@ Step ddp_step(std::shared_ptr<ddp::DistributedDataParallel<Model>> ddp_model,
 Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
                            const std::shared_ptr<ddp::ProcessGroup>& process_group, const ddp::PrecisionPolicy& policy,
                            const ddp::DistributedDataParallelOptions& options) {
-  if (policy.uses_float8()) throw ddp::UsageError("ResNet-50 has no fp8 policy (its convolutions have no FP8 kernels); use tf32 or bf16");
+  resnet::check_precision(policy);
   const auto device = process_group->device();
   const std::int64_t image = flags.integer("image-size");
   auto model = resnet::resnet50();
@@ -196,7 +195,6 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   workload.items_per_rank = static_cast<double>(batch);
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format("\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}", image);
-  workload.keep_alive = std::make_shared<std::tuple<decltype(ddp_model), decltype(optimizer)>>(ddp_model, optimizer);
   return workload;
 }
 
@@ -235,7 +233,6 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
                             6.0 * static_cast<double>(config.n_layers * seq * config.dim);
   workload.json_fields = fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null",
                                      flags.str("preset"), seq);
-  workload.keep_alive = std::make_shared<std::tuple<decltype(ddp_model), decltype(optimizer)>>(ddp_model, optimizer);
   return workload;
 }
 
@@ -287,7 +284,7 @@ int main(int argc, char** argv) try {
   at::Tensor loss;
   for (std::int64_t i = 0; i < warmup; ++i) {
     loss = step.forward_loss();
-    step.backward(loss);
+    loss.backward();
     step.optimizer_step();
   }
   const std::size_t timed_from = step.exposed_communication_ms().size();
@@ -298,7 +295,7 @@ int main(int argc, char** argv) try {
     clock.mark();
     loss = step.forward_loss();
     clock.mark();
-    step.backward(loss);
+    loss.backward();
     clock.mark();
     step.optimizer_step();
     clock.mark();

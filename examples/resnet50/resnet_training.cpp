@@ -2,11 +2,21 @@
 
 #include <vector>
 
+#include <ddp/errors.h>
+
 namespace resnet {
 
 void to_channels_last(ResNetImpl& model) {
   for (auto& param : model.parameters()) {
     if (param.dim() == 4) param.set_data(param.data().contiguous(at::MemoryFormat::ChannelsLast));
+  }
+}
+
+void check_precision(const ddp::PrecisionPolicy& policy) {
+  if (policy.uses_float8()) {
+    throw ddp::UsageError(
+        "fp8 speeds up linear layers (ddp::Float8Linear); ResNet-50's work is in its convolutions, which have no "
+        "FP8 path here. Use bf16");
   }
 }
 

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <ddp/optim.h>
+#include <ddp/precision.h>
 
 #include "resnet.h"
 
@@ -16,6 +17,10 @@ namespace resnet {
 /// Convolution weights in channels_last: cuDNN's fastest convolutions on
 /// tensor cores read NHWC. Call after moving the model to its device.
 void to_channels_last(ResNetImpl& model);
+
+/// UsageError for a precision ResNet-50 is not trained in: fp8, which only
+/// speeds up linear layers.
+void check_precision(const ddp::PrecisionPolicy& policy);
 
 /// SGD with momentum (fused on GPUs); weight decay only on convolution and linear weights,
 /// not on BatchNorm parameters and biases.

@@ -74,10 +74,7 @@ int main(int argc, char** argv) try {
   flags.parse(argc, argv);
 
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
-  if (policy.uses_float8()) {
-    flags.fail("fp8 speeds up linear layers (ddp::Float8Linear); ResNet-50's work is in its convolutions, which "
-               "have no FP8 path here. Use bf16");
-  }
+  resnet::check_precision(policy);
   auto process_group = ddp::init();
   const auto device = process_group->device();
   policy.check_supported(device);
