@@ -291,6 +291,8 @@ def parse_args():
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--json", required=True, help="JSON-lines file rank 0 appends the result to")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--profile-trace", help="after the timed steps, profile one more and write its Chrome trace here "
+                        "(rank 0), as scaling_bench --profile-trace")
     args = parser.parse_args()
     if args.batch is None:
         args.batch = 128 if args.model == "resnet50" else 4
@@ -448,6 +450,23 @@ def run(args, rank, world_size, device):
     synchronize(device)
     dist.barrier()
     seconds = time.perf_counter() - start
+
+    if args.profile_trace:
+        # Every rank runs the step (DDP's collectives need all of them); rank 0 records it.
+        def profiled_step():
+            step()
+            synchronize(device)
+            dist.barrier()
+
+        if rank == 0:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            with torch.profiler.profile(activities=activities) as profile:
+                profiled_step()
+            profile.export_chrome_trace(args.profile_trace)
+        else:
+            profiled_step()
 
     # gloo has no AVG: sum, then divide.
     loss = loss.float().reshape(1)

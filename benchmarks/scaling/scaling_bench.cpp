@@ -24,6 +24,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #endif
+
+#include <torch/csrc/autograd/profiler_kineto.h>
 
 #include <ddp/ddp.h>
 
@@ -121,6 +124,21 @@ void synchronize(ddp::ProcessGroup& process_group) {
   }
 #endif
   process_group.communicator().barrier();
+}
+
+/// Runs `step` once under LibTorch's (Kineto) profiler and writes the
+/// Chrome trace of every operator and GPU kernel to `path`; Perfetto opens it,
+/// and kernel_diff.py compares it with pytorch_ddp.py's trace of the same step.
+void write_profile_trace(const std::function<void()>& step, const c10::Device& device, const std::string& path) {
+  namespace profiler = torch::autograd::profiler;
+  using torch::profiler::impl::ActivityType;
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  profiler::prepareProfiler(config, activities);
+  profiler::enableProfiler(config, activities);
+  step();
+  profiler::disableProfiler()->save(path);
 }
 
 double median(std::vector<double> values) {
@@ -251,7 +269,8 @@ int main(int argc, char** argv) try {
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
-      .add("json", "", "append the result to this file, one JSON object per line (rank 0)");
+      .add("json", "", "append the result to this file, one JSON object per line (rank 0)")
+      .add("profile-trace", "", "after the timed steps, profile one more and write its Chrome trace here (rank 0)");
   flags.parse(argc, argv);
   const std::string model_name = flags.str("model");
   if (model_name != "resnet50" && model_name != "llama") flags.fail("--model must be resnet50 or llama");
@@ -274,7 +293,9 @@ int main(int argc, char** argv) try {
   torch::manual_seed(0);
 
   const bool timeline = !flags.on("no-timeline") && device.is_cuda();
-  const auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(flags.real("bucket-cap-mb")).record_timeline(timeline);
+  const auto options = ddp::DistributedDataParallelOptions()
+                           .bucket_cap_mb(flags.real("bucket-cap-mb"))
+                           .record_timeline(timeline);
   const std::int64_t batch = flags.given("batch") ? flags.integer("batch") : model_name == "resnet50" ? 128 : 4;
   if (batch < 1) flags.fail("--batch must be at least 1");
   const Workload workload = model_name == "resnet50" ? resnet50_workload(flags, batch, process_group, policy, options)
@@ -311,6 +332,20 @@ int main(int argc, char** argv) try {
   }
   std::vector<double> exposed = step.exposed_communication_ms();
   exposed.erase(exposed.begin(), exposed.begin() + static_cast<std::ptrdiff_t>(std::min(timed_from, exposed.size())));
+  if (!flags.str("profile-trace").empty()) {
+    // Every rank runs the step (DDP's collectives need all of them); rank 0 records it.
+    const auto profiled_step = [&] {
+      loss = step.forward_loss();
+      loss.backward();
+      step.optimizer_step();
+      synchronize(*process_group);
+    };
+    if (process_group->rank() == 0) {
+      write_profile_trace(profiled_step, device, flags.str("profile-trace"));
+    } else {
+      profiled_step();
+    }
+  }
   const double peak_gib = max_over_ranks(*process_group, static_cast<double>(examples::peak_memory_bytes(device))) / (1 << 30);
   const double final_loss = loss.item<double>();
 

@@ -3,7 +3,7 @@
 # configure against its python3 torch and NCCL, build, run the GPU tests,
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
-# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision examples scaling
+# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
@@ -52,5 +52,23 @@ step examples run_examples
 # libddp against PyTorch DDP, 1..N GPUs; SCALING_ARGS is split into words on purpose.
 # shellcheck disable=SC2086
 step scaling python3 benchmarks/scaling/run_scaling.py --build build/gpu --out "$out" --prefix scaling ${SCALING_ARGS:-}
+# One step of each model on one GPU under the profiler, libddp and PyTorch, and
+# the kernels that differ (PROFILE_CONFIGS: model:precision pairs).
+profile_steps() {
+  local config model precision rc=0
+  for config in ${PROFILE_CONFIGS:-llama:bf16 resnet50:bf16 llama:fp8}; do
+    model=${config%%:*} precision=${config#*:}
+    build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench --model $model \
+      --precision $precision --warmup 5 --steps 5 --profile-trace "$out/profile-$model-$precision-libddp.json" || rc=1
+    [[ $precision == fp8 ]] && continue  # no PyTorch fp8 here (torchao)
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/scaling/pytorch_ddp.py --model $model \
+      --precision $precision --warmup 5 --steps 5 --json "$out/profile-rows.jsonl" \
+      --profile-trace "$out/profile-$model-$precision-pytorch.json" || rc=1
+    python3 benchmarks/scaling/kernel_diff.py --labels libddp,pytorch "$out/profile-$model-$precision-libddp.json" \
+      "$out/profile-$model-$precision-pytorch.json" | tee "$out/profile-$model-$precision-diff.txt" || rc=1
+  done
+  return $rc
+}
+step profile profile_steps
 echo "== gpu_check: $([[ $status == 0 ]] && echo all steps passed || echo some steps FAILED)"
 exit $status

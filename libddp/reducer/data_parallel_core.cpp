@@ -58,6 +58,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   config.find_unused_parameters = options.find_unused_parameters();
   config.static_graph = options.static_graph();
   config.comm_hook = options.comm_hook() ? options.comm_hook() : comm_hooks::average();
+  config.reduce = options.comm_hook() != nullptr || process_group_->world_size() > 1;
   std::string timeline_path = options.timeline_path();
   const char* prefix = std::getenv("DDP_TIMELINE");
   if (timeline_path.empty() && prefix != nullptr && *prefix != '\0') {

@@ -244,12 +244,14 @@ void Reducer::mark_ready(std::size_t index, bool used) {
   const auto [bucket_index, slot] = location_[index];
   Bucket& bucket = buckets_[bucket_index];
   const at::Tensor& grad = parameters_[index].grad();
-  if (grad.defined()) {
+  // Without reduction the buckets still count down: a parameter that never
+  // gets its gradient is reported the same way on one process as on many.
+  if (config_.reduce && grad.defined()) {
     // A gradient that is not the bucket's own slice (zero_grad set it to
     // none, or views are off) is copied in once the whole bucket is ready:
     // one kernel per bucket instead of one per parameter.
     if (!grad.is_alias_of(bucket.views[slot])) bucket.to_copy.push_back(slot);
-  } else {
+  } else if (config_.reduce) {
     c10::NoGradGuard no_grad;
     bucket.views[slot].zero_();  // contributes nothing; the parameter keeps no gradient unless another rank used it
   }
@@ -261,6 +263,7 @@ void Reducer::mark_ready(std::size_t index, bool used) {
 
 void Reducer::gather_into_bucket(Bucket& bucket) {
   c10::NoGradGuard no_grad;
+  if (adopt_sole_gradient(bucket)) return;
   std::sort(bucket.to_copy.begin(), bucket.to_copy.end());  // ready order -> layout order
   bool one_kernel = bucket.to_copy.size() == bucket.parameters.size();
   std::vector<at::Tensor> flat;
@@ -282,9 +285,32 @@ void Reducer::gather_into_bucket(Bucket& bucket) {
   bucket.to_copy.clear();
 }
 
+bool Reducer::adopt_sole_gradient(Bucket& bucket) {
+  // A parameter larger than the bucket cap has a bucket of its own, and most
+  // of a large model's bytes are in such buckets. Its gradient, laid out as
+  // the bucket, becomes the bucket: reduced where autograd wrote it instead
+  // of copied in first (a copy of every such byte, each backward).
+  if (!config_.gradient_as_bucket_view || bucket.parameters.size() != 1 || bucket.to_copy.size() != 1) return false;
+  at::Tensor& grad = parameters_[bucket.parameters.front()].mutable_grad();
+  const at::Tensor& view = bucket.views.front();
+  if (grad.scalar_type() != view.scalar_type() || grad.strides() != view.strides() ||
+      !grad.is_non_overlapping_and_dense()) {
+    return false;
+  }
+  bucket.buffer = grad.as_strided({grad.numel()}, {1}, grad.storage_offset());
+  bucket.views.front() = grad;
+  bucket.to_copy.clear();
+  return true;
+}
+
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
+    if (!config_.reduce) {
+      bucket.finish = [] {};
+      ++next_bucket_;
+      continue;
+    }
     std::unique_ptr<Communicator> observer;
     if (config_.timeline) {
       observer = config_.timeline->observe(comm_, next_bucket_, bucket.buffer.numel() * bucket.buffer.element_size());
@@ -322,7 +348,7 @@ void Reducer::finalize_backward() {
     bucket.finish = nullptr;
   }
   if (config_.find_unused_parameters) adopt_globally_used_gradients();
-  if (!config_.gradient_as_bucket_view) {
+  if (config_.reduce && !config_.gradient_as_bucket_view) {
     c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       at::Tensor& grad = parameters_[i].mutable_grad();

@@ -36,6 +36,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     bool gradient_as_bucket_view = true;
     bool find_unused_parameters = false;
     bool static_graph = false;
+    /// False on one process with the averaging hook, where a gradient's
+    /// average is itself: gradients stay where autograd put them, and
+    /// nothing is copied or launched.
+    bool reduce = true;
     CommHook comm_hook;
     std::shared_ptr<Timeline> timeline;  // null: not recorded
   };
@@ -72,6 +76,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void on_gradient_ready(std::size_t index);
   void mark_ready(std::size_t index, bool used);
   void gather_into_bucket(Bucket& bucket);
+  /// Makes the gradient of a one-parameter bucket its buffer; false where it cannot.
+  bool adopt_sole_gradient(Bucket& bucket);
   void launch_ready_buckets();
   void finalize_backward();
   void adopt_globally_used_gradients();

@@ -1,4 +1,4 @@
-// DistributedDataParallel over Gloo, in real processes of 2 and 4 ranks:
+// DistributedDataParallel over Gloo, in real processes of 1, 2 and 4 ranks:
 // N ranks with batch B reach the parameters of one process that accumulates
 // the gradients of the same N batches.
 
@@ -111,6 +111,28 @@ TEST_P(DdpGloo, MismatchedModelsAreReportedOnEveryRank) {
 
 TEST_P(DdpGloo, UnusedParameterWithoutTheOptionIsReported) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) { check_unused_parameter_is_reported(*init_gloo()); }));
+}
+
+// On one process a gradient's average is itself, so DDP copies and launches
+// nothing; it must still train exactly as the module alone, also where
+// gradients are not bucket views (finalize copies nothing back then) and
+// where parameters go unused.
+TEST(DdpGlooOneRank, TrainsAsTheModuleAlone) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = init_gloo();
+    check_matches_single_process(*pg, Scenario{});
+    Scenario accumulated;
+    accumulated.model = Model::kConvBatchNorm;
+    accumulated.micro_steps = 3;
+    accumulated.options.gradient_as_bucket_view(false);
+    check_matches_single_process(*pg, accumulated);
+    Scenario branchy;
+    branchy.model = Model::kBranchy;
+    branchy.steps = 4;
+    branchy.options.find_unused_parameters(true);
+    check_matches_single_process(*pg, branchy);
+    check_unused_parameter_is_reported(*pg);
+  }));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DdpGloo, ::testing::Values(2, 4),
