@@ -55,34 +55,49 @@ std::shared_ptr<Float8LinearState> make_float8_state(const Float8Options& option
 namespace {
 
 #if DDP_TORCH_HAS_SCALED_MM
-/// at::_scaled_mm wants its first operand row-major and its second column-major.
-at::Tensor column_major(const at::Tensor& matrix) { return matrix.t().contiguous().t(); }
-
-at::Tensor scaled_mm(const Float8Tensor& a, const at::Tensor& b_data, const at::Tensor& b_inverse_scale,
-                     c10::ScalarType out_dtype, bool fast_accumulation) {
-  return at::_scaled_mm(a.data, b_data, a.inverse_scale, b_inverse_scale, c10::nullopt, c10::nullopt, out_dtype,
+/// a [M, K] row-major times b [K, N] column-major (b.t() contiguous); the
+/// scales are the inverse ones, which turn the FP8 values back into reals.
+at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, const at::Tensor& b,
+                     const at::Tensor& b_inverse_scale, c10::ScalarType out_dtype, bool fast_accumulation) {
+  return at::_scaled_mm(a, b, a_inverse_scale, b_inverse_scale, c10::nullopt, c10::nullopt, out_dtype,
                         fast_accumulation);
 }
 
 /// y = x W^T with x and W in E4M3; backward with the output gradient in
 /// E5M2. The bias is added outside, by ordinary autograd: custom functions
-/// take no undefined inputs, and LLaMA-style layers have none. Saves the FP8 copies, not the fp32/bf16 originals: a quarter to a
-/// half of the memory, as Transformer Engine does.
+/// take no undefined inputs, and LLaMA-style layers have none.
+///
+/// at::_scaled_mm reads its second operand column-major, and each cast
+/// matrix is a second operand once: so every cast writes its transpose in
+/// the same pass, and no GEMM operand is transposed on its own. Backward
+/// keeps only the transposes of x and W (as FP8, not the fp32/bf16
+/// originals: a quarter to a half of the memory, as Transformer Engine
+/// does), and only those its gradients read.
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
+  /// input_needs_grad / weight_needs_grad: whether backward will compute
+  /// that gradient (grad mode is off in here, so the caller says).
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
-                            const at::Tensor& weight, Float8LinearState* state, bool fast_accumulation) {
+                            const at::Tensor& weight, Float8LinearState* state, bool fast_accumulation,
+                            bool input_needs_grad, bool weight_needs_grad) {
     const int64_t in_features = weight.size(1);
+    // x [M, K]: data row-major is y's first operand; transposed [K, M] is x
+    // column-major, the second operand of dW = dY^T x.
     const at::Tensor rows = input.reshape({-1, in_features}).contiguous();
-    const Float8Tensor input8 = state->input.cast(rows);
-    const Float8Tensor weight8 = state->weight.cast(weight);
-    const at::Tensor output =
-        scaled_mm(input8, weight8.data.t(), weight8.inverse_scale, at::kBFloat16, fast_accumulation);
+    const Float8Tensor input8 = state->input.cast(rows, /*with_transposed=*/weight_needs_grad);
+    // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
+    // transposed [K, N] is W column-major, the second operand of dX = dY W.
+    const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);
+    // y = x W^T: [M, K] x [K, N].
+    const at::Tensor output = scaled_mm(input8.data, input8.inverse_scale, weight8.data.t(), weight8.inverse_scale,
+                                        at::kBFloat16, fast_accumulation);
 
-    context->save_for_backward({input8.data, input8.inverse_scale, weight8.data, weight8.inverse_scale});
+    // Undefined where that gradient is not needed.
+    context->save_for_backward({input8.transposed, input8.inverse_scale, weight8.transposed, weight8.inverse_scale});
     state->grad_output.save_to(context, "grad_output.");
     context->saved_data["input_sizes"] = input.sizes().vec();
     context->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
     context->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
+    context->saved_data["out_features"] = weight.size(0);
 
     std::vector<int64_t> output_sizes = input.sizes().vec();
     output_sizes.back() = weight.size(0);
@@ -92,24 +107,35 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
                                                  torch::autograd::variable_list grad_outputs) {
     const auto saved = context->get_saved_variables();
-    const Float8Tensor input8{saved[0], saved[1]};
-    const Float8Tensor weight8{saved[2], saved[3]};
+    const at::Tensor& input_t = saved[0];  // x^T [K, M] row-major, or undefined
+    const at::Tensor& input_inverse_scale = saved[1];
+    const at::Tensor& weight_t = saved[2];  // W^T [K, N] row-major, or undefined
+    const at::Tensor& weight_inverse_scale = saved[3];
     const auto input_sizes = context->saved_data["input_sizes"].toIntVector();
     const auto input_dtype = static_cast<c10::ScalarType>(context->saved_data["input_dtype"].toInt());
     const auto weight_dtype = static_cast<c10::ScalarType>(context->saved_data["weight_dtype"].toInt());
+    const int64_t out_features = context->saved_data["out_features"].toInt();
 
-    const at::Tensor grad_rows = grad_outputs[0].reshape({-1, weight8.data.size(0)}).contiguous();
+    // dY [M, N]: data row-major is the first operand of dX = dY W; transposed
+    // [N, M] is dY^T row-major, the first operand of dW = dY^T x.
+    const at::Tensor grad_rows = grad_outputs[0].reshape({-1, out_features}).contiguous();
     TensorScaling grad_scaling = TensorScaling::load_from(context, "grad_output.");
-    const Float8Tensor grad8 = grad_scaling.cast(grad_rows);
+    const Float8Tensor grad8 = grad_scaling.cast(grad_rows, /*with_transposed=*/input_t.defined());
 
-    // dX = dY W: [M, N] x [N, K].
-    const at::Tensor grad_input =
-        scaled_mm(grad8, column_major(weight8.data), weight8.inverse_scale, input_dtype, /*fast_accumulation=*/false);
-    // dW = dY^T X: [N, M] x [M, K], accumulated in fp32 and returned in the weight's dtype.
-    const Float8Tensor grad8_t{grad8.data.t().contiguous(), grad8.inverse_scale};
-    const at::Tensor grad_weight =
-        scaled_mm(grad8_t, column_major(input8.data), input8.inverse_scale, weight_dtype, /*fast_accumulation=*/false);
-    return {grad_input.view(input_sizes), grad_weight, at::Tensor(), at::Tensor()};
+    at::Tensor grad_input;
+    if (weight_t.defined()) {
+      // dX = dY W: [M, N] x [N, K], W column-major being W^T row-major.
+      grad_input = scaled_mm(grad8.data, grad8.inverse_scale, weight_t.t(), weight_inverse_scale, input_dtype,
+                             /*fast_accumulation=*/false)
+                       .view(input_sizes);
+    }
+    at::Tensor grad_weight;
+    if (input_t.defined()) {
+      // dW = dY^T x: [N, M] x [M, K], accumulated in fp32 and returned in the weight's dtype.
+      grad_weight = scaled_mm(grad8.transposed, grad8.inverse_scale, input_t.t(), input_inverse_scale, weight_dtype,
+                              /*fast_accumulation=*/false);
+    }
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 #endif
@@ -184,8 +210,11 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
                                  options.in_features(), options.out_features(), c10::str(input.sizes()),
                                  options.in_features(), rows));
   }
+  // Decided here: inside the function grad mode is off.
+  const bool grad = at::GradMode::is_enabled();
   const at::Tensor output =
-      detail::Float8LinearFunction::apply(input, weight, state_.get(), float8_options.fast_accumulation_forward());
+      detail::Float8LinearFunction::apply(input, weight, state_.get(), float8_options.fast_accumulation_forward(),
+                                          grad && input.requires_grad(), grad && weight.requires_grad());
   return bias.defined() ? output + bias.to(output.scalar_type()) : output;
 #else
   detail::check_float8_supported(input.device());  // throws: this LibTorch has no FP8 matmul

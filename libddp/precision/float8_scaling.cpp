@@ -6,6 +6,9 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
+#ifdef DDP_WITH_CUDA_KERNELS
+#include "precision/float8_cast.h"
+#endif
 
 namespace ddp::detail {
 namespace {
@@ -21,6 +24,41 @@ double largest_finite(c10::ScalarType float8_dtype) {
 // Keeps an all-zero tensor from giving an infinite scale.
 constexpr double kMinAmax = 1e-12;
 
+/// max |tensor| as fp32: the inf-norm is one pass over the tensor.
+at::Tensor amax_of(const at::Tensor& tensor) {
+  return at::linalg_vector_norm(tensor, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
+}
+
+/// Sets result.data to saturate(tensor * scale) in `float8_dtype` (and, if
+/// asked, result.transposed to its transpose); returns max |tensor| if asked.
+at::Tensor convert(const at::Tensor& tensor, const at::Tensor& scale, double largest, c10::ScalarType float8_dtype,
+                   bool with_transposed, bool with_amax, Float8Tensor& result) {
+#ifdef DDP_WITH_CUDA_KERNELS
+  const c10::ScalarType dtype = tensor.scalar_type();
+  if (tensor.is_cuda() && tensor.dim() == 2 && (dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat)) {
+    // One kernel reading the tensor once, where ATen takes a pass each for
+    // the multiply, the clamp, the conversion, the amax and the transpose.
+    const at::Tensor input = tensor.contiguous();
+    Float8CastOutputs outputs;
+    outputs.data = at::empty(input.sizes(), input.options().dtype(float8_dtype));
+    if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, outputs.data.options());
+    if (with_amax) outputs.amax = at::empty({}, input.options().dtype(at::kFloat));
+    cast_to_float8(input, scale, static_cast<float>(largest), outputs);
+    result.data = outputs.data;
+    result.transposed = outputs.transposed;
+    return outputs.amax;
+  }
+#endif
+  const at::Tensor amax = with_amax ? amax_of(tensor) : at::Tensor();
+  // `scale` is 0-dim so that `tensor * scale` stays in the tensor's dtype
+  // (bf16 for activations), which holds 5 more mantissa bits than either FP8
+  // format. The conversion does not saturate (values past the range become
+  // NaN), hence the clamp.
+  result.data = (tensor * scale).clamp(-largest, largest).to(float8_dtype);
+  if (with_transposed) result.transposed = result.data.t().contiguous();
+  return amax;
+}
+
 }  // namespace
 
 TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float8_dtype, const c10::Device& device)
@@ -33,31 +71,24 @@ TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float
   }
 }
 
-Float8Tensor TensorScaling::cast(const at::Tensor& tensor) {
+Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed) {
   const double largest = largest_finite(float8_dtype_);
-  // The inf-norm is the amax in one pass over the tensor.
-  const at::Tensor amax =
-      at::linalg_vector_norm(tensor, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
-  // Scales are 0-dim so that `tensor * scale` stays in the tensor's dtype
-  // (bf16 for activations): fp32 there would triple the memory traffic of
-  // the cast, and bf16 holds 5 more mantissa bits than either FP8 format.
   Float8Tensor result;
   if (delayed()) {
     // The scale of this cast comes from earlier amaxes, so values may exceed
-    // the format's range: the conversion does not saturate (they would
-    // become NaN) and needs the clamp. This amax enters the history for the
-    // next cast.
+    // the format's range (the cast saturates them). This amax, taken in the
+    // same pass, enters the history for the next cast.
     const at::Tensor scale = scale_.clone();
-    result.data = (tensor * scale).clamp(-largest, largest).to(float8_dtype_);
+    const at::Tensor amax = convert(tensor, scale, largest, float8_dtype_, with_transposed, /*with_amax=*/true, result);
     result.inverse_scale = scale.reciprocal();
     amax_history_.copy_(amax_history_.roll(1));
     amax_history_.narrow(0, 0, 1).copy_(amax);
     refresh_scale();
   } else {
-    // The amax maps to the largest finite value; rounding can overshoot it
-    // by less than half a step, which the conversion rounds back.
-    const at::Tensor scale = largest / amax.clamp_min(kMinAmax);
-    result.data = (tensor * scale).to(float8_dtype_);
+    // The amax maps to the largest finite value, so it is needed before the
+    // cast, in a pass of its own.
+    const at::Tensor scale = largest / amax_of(tensor).clamp_min(kMinAmax);
+    convert(tensor, scale, largest, float8_dtype_, with_transposed, /*with_amax=*/false, result);
     result.inverse_scale = scale.reciprocal();
   }
   return result;

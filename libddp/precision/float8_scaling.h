@@ -9,10 +9,13 @@
 
 namespace ddp::detail {
 
-/// An FP8 tensor with the factor that turns it back into real values
-/// (what at::_scaled_mm calls its scale).
+/// An FP8 matrix with the factor that turns it back into real values (what
+/// at::_scaled_mm calls its scale). at::_scaled_mm takes its first operand
+/// row-major and its second column-major, and Float8Linear needs each cast
+/// matrix in both roles, so a cast can also give the transpose.
 struct Float8Tensor {
-  at::Tensor data;
+  at::Tensor data;        // [M, K] row-major
+  at::Tensor transposed;  // [K, M] row-major (data in column-major order), if asked for
   at::Tensor inverse_scale;
 };
 
@@ -24,10 +27,11 @@ class TensorScaling {
   TensorScaling() = default;
   TensorScaling(const Float8Options& options, c10::ScalarType float8_dtype, const c10::Device& device);
 
-  /// Casts `tensor` to FP8 with a scale that maps its amax (current scaling)
-  /// or the amax of the history (delayed) to the format's largest value, and
-  /// records the amax in the history.
-  Float8Tensor cast(const at::Tensor& tensor);
+  /// Casts the matrix `tensor` to FP8 with a scale that maps its amax
+  /// (current scaling) or the amax of the history (delayed) to the format's
+  /// largest value, and records the amax in the history. with_transposed:
+  /// also gives the transpose, written in the same pass on the GPU.
+  Float8Tensor cast(const at::Tensor& tensor, bool with_transposed = false);
 
   /// Delayed scaling: the newest entry of the amax history (a view), and the
   /// recomputation of the scale from the history. Undefined / no-op for

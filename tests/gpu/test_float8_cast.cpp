@@ -1,0 +1,174 @@
+// The fused FP8 cast kernel against ATen's unfused expression, bit for bit,
+// and Float8Linear's use of it: the transposes and amaxes it asks for.
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "precision/float8_cast.h"
+
+namespace {
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+struct Format {
+  torch::ScalarType dtype;
+  float largest;
+  const char* name;
+};
+const Format kFormats[] = {{torch::kFloat8_e4m3fn, 448.0f, "e4m3fn"}, {torch::kFloat8_e5m2, 57344.0f, "e5m2"}};
+const torch::ScalarType kInputDtypes[] = {torch::kBFloat16, torch::kHalf, torch::kFloat};
+
+/// Values across both formats' ranges: normal ones, some past the largest
+/// finite value once scaled (up to ~2.5e5, within fp16), some in the FP8
+/// subnormal range, and exact zeros of both signs.
+torch::Tensor make_input(int64_t rows, int64_t cols, torch::ScalarType dtype) {
+  auto x = torch::randn({rows, cols}, torch::TensorOptions().device(kGpu)) * 8;
+  auto flat = x.view(-1);
+  flat.slice(0, 0, c10::nullopt, 7).mul_(1000);
+  flat.slice(0, 3, c10::nullopt, 11).mul_(1e-3);
+  flat.slice(0, 5, c10::nullopt, 13).zero_();
+  flat.slice(0, 6, c10::nullopt, 17).fill_(-0.0);
+  return x.to(dtype);
+}
+
+/// Both as bytes: equal, or the number of differing bytes and the first.
+void expect_same_bytes(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const auto a = actual.contiguous().view(torch::kByte).cpu().view(-1);
+  const auto e = expected.contiguous().view(torch::kByte).cpu().view(-1);
+  const auto differ = a.ne(e).nonzero();
+  if (differ.numel() == 0) return;
+  const int64_t first = differ[0].item<int64_t>();
+  ADD_FAILURE() << what << ": " << differ.size(0) << " of " << a.numel() << " bytes differ; the first, at flat index "
+                << first << ", is 0x" << std::hex << a[first].item<int>() << " instead of 0x" << e[first].item<int>();
+}
+
+/// Outputs filled with NaN bytes: anything the kernel fails to write stays
+/// NaN, which the reference (finite inputs) never holds.
+ddp::detail::Float8CastOutputs make_outputs(int64_t rows, int64_t cols, torch::ScalarType float8_dtype) {
+  const auto options = torch::TensorOptions().device(kGpu).dtype(float8_dtype);
+  ddp::detail::Float8CastOutputs outputs;
+  outputs.data = torch::empty({rows, cols}, options);
+  outputs.transposed = torch::empty({cols, rows}, options);
+  outputs.data.view(torch::kByte).fill_(0x7F);
+  outputs.transposed.view(torch::kByte).fill_(0x7F);
+  outputs.amax = torch::full({}, -1.0f, torch::TensorOptions().device(kGpu));
+  return outputs;
+}
+
+TEST(Float8Cast, MatchesTheUnfusedCastBitForBit) {
+  torch::manual_seed(0);
+  // Whole 64 x 64 tiles and partial ones; rows or columns not multiples of
+  // 4 or 8 take the kernel's unvectorised paths.
+  const std::pair<int64_t, int64_t> shapes[] = {{48, 80}, {1000, 16}, {16, 4104}, {128, 192}, {37, 29}, {1, 3}};
+  // A power of two only moves the exponent, so rounding ties survive; 3.7 does not.
+  for (const float scale_value : {1.0f, 3.7f}) {
+    const auto scale = torch::full({}, scale_value, torch::TensorOptions().device(kGpu));
+    for (const auto& [rows, cols] : shapes) {
+      for (const auto input_dtype : kInputDtypes) {
+        const auto x = make_input(rows, cols, input_dtype);
+        for (const auto& format : kFormats) {
+          const std::string what = std::string(format.name) + " from " + c10::toString(input_dtype) + ", " +
+                                   std::to_string(rows) + "x" + std::to_string(cols) + ", scale " +
+                                   std::to_string(scale_value);
+          const auto reference = (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype);
+          auto outputs = make_outputs(rows, cols, format.dtype);
+          ddp::detail::cast_to_float8(x, scale, format.largest, outputs);
+          expect_same_bytes(outputs.data, reference, what + ", data");
+          expect_same_bytes(outputs.transposed, reference.t().contiguous(), what + ", transposed");
+          EXPECT_EQ(outputs.amax.item<float>(), x.abs().max().item<float>()) << what << ", amax";
+        }
+      }
+    }
+  }
+}
+
+TEST(Float8Cast, SaturatesAtLargestAndKeepsNaN) {
+  for (const auto input_dtype : kInputDtypes) {
+    for (const auto& format : kFormats) {
+      const std::string what = std::string(format.name) + " from " + c10::toString(input_dtype);
+      auto x = torch::zeros({16, 32}, torch::TensorOptions().device(kGpu).dtype(input_dtype));
+      x[0][0] = 3e4;  // past both formats' range once scaled by 4
+      x[1][0] = -3e4;
+      x[2][0] = std::numeric_limits<float>::infinity();
+      x[3][0] = std::numeric_limits<float>::quiet_NaN();
+      x[4][0] = 1;
+      const auto scale = torch::full({}, 4.0f, torch::TensorOptions().device(kGpu));
+      // Below the format's largest value: the clamp is the caller's, not the format's.
+      const float largest = format.largest / 2;
+      auto outputs = make_outputs(16, 32, format.dtype);
+      ddp::detail::cast_to_float8(x, scale, largest, outputs);
+      const auto data = outputs.data.to(torch::kFloat).cpu();
+      EXPECT_EQ(data[0][0].item<float>(), largest) << what;
+      EXPECT_EQ(data[1][0].item<float>(), -largest) << what;
+      EXPECT_EQ(data[2][0].item<float>(), largest) << what;
+      EXPECT_TRUE(std::isnan(data[3][0].item<float>())) << what;
+      EXPECT_EQ(data[4][0].item<float>(), 4.0f) << what;
+      EXPECT_TRUE(std::isnan(outputs.transposed.to(torch::kFloat)[0][3].item<float>())) << what;
+      EXPECT_TRUE(std::isnan(outputs.amax.item<float>())) << what << ": the amax of a tensor with a NaN is NaN";
+    }
+  }
+}
+
+TEST(Float8Cast, WritesOnlyWhatIsAskedFor) {
+  const auto x = make_input(64, 64, torch::kBFloat16);
+  const auto scale = torch::ones({}, torch::TensorOptions().device(kGpu));
+  ddp::detail::Float8CastOutputs outputs;
+  outputs.data = torch::empty({64, 64}, torch::TensorOptions().device(kGpu).dtype(torch::kFloat8_e4m3fn));
+  ddp::detail::cast_to_float8(x, scale, 448.0f, outputs);
+  expect_same_bytes(outputs.data, (x.to(torch::kFloat) * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn), "data");
+  EXPECT_FALSE(outputs.transposed.defined());
+  EXPECT_FALSE(outputs.amax.defined());
+}
+
+/// Forward without grad mode, or with an input that needs no gradient,
+/// skips the transposed copies backward would read: the results must not
+/// change.
+TEST(Float8Linear, SkippedTransposesChangeNoResult) {
+  torch::manual_seed(4);
+  ddp::Float8Linear layer(torch::nn::LinearOptions(256, 512), ddp::Float8Options());
+  layer->to(kGpu);
+  const auto input = torch::randn({64, 256}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+  const auto grad_output = torch::randn({64, 512}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+
+  const auto tracked = input.clone().requires_grad_();
+  const auto output = layer(tracked);
+  output.backward(grad_output);
+  const auto grad_weight = layer->weight.grad().clone();
+  ASSERT_TRUE(tracked.grad().defined());
+
+  {
+    torch::NoGradGuard no_grad;
+    EXPECT_TRUE(torch::equal(layer(input), output.detach())) << "forward under no_grad";
+  }
+  layer->zero_grad();
+  const auto untracked_output = layer(input);
+  EXPECT_TRUE(torch::equal(untracked_output.detach(), output.detach())) << "forward of an input without grad";
+  untracked_output.backward(grad_output);
+  EXPECT_TRUE(torch::equal(layer->weight.grad(), grad_weight)) << "weight gradient of an input without grad";
+}
+
+/// Delayed scaling takes the amax in the cast's own pass.
+TEST(Float8Linear, DelayedScalingRecordsTheInputAmax) {
+  torch::manual_seed(5);
+  ddp::Float8Linear layer(torch::nn::LinearOptions(256, 512),
+                          ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed));
+  layer->to(kGpu);
+  const auto input = torch::randn({64, 256}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+  const auto grad_output = torch::randn({64, 512}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+  layer(input.requires_grad_()).backward(grad_output);
+  const auto amaxes = layer->latest_amaxes();
+  ASSERT_EQ(amaxes.size(), 3u);
+  EXPECT_EQ(amaxes[0].item<float>(), input.abs().max().item<float>());
+  EXPECT_EQ(amaxes[1].item<float>(), layer->weight.abs().max().item<float>());
+  EXPECT_EQ(amaxes[2].item<float>(), grad_output.abs().max().item<float>());
+}
+
+}  // namespace
