@@ -58,6 +58,7 @@ namespace detail {
 
 class Reducer;
 class Timeline;
+class BufferSync;
 
 /// The part of DistributedDataParallel that does not depend on the module type.
 class DataParallelCore {
@@ -76,7 +77,7 @@ class DataParallelCore {
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;
-  std::vector<at::Tensor> buffers_;
+  std::unique_ptr<BufferSync> buffer_sync_;  // null: no buffers
   std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Reducer> reducer_;
 };

@@ -9,6 +9,7 @@
 
 #include <ddp/errors.h>
 
+#include "reducer/buffer_sync.h"
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
 #include "reducer/timeline.h"
@@ -45,11 +46,12 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   }
   if (trained.empty()) throw UsageError("libddp: the module has no parameter that requires a gradient");
   check_same_parameters_on_all_ranks(comm, names, trained);
-  for (const auto& buffer : module_->buffers()) {
-    buffers_.push_back(buffer);
-    state.push_back(buffer);
-  }
+  std::vector<at::Tensor> buffers = module_->buffers();
+  state.insert(state.end(), buffers.begin(), buffers.end());
   broadcast_coalesced(comm, state, 0);
+  if (options.broadcast_buffers() && !buffers.empty() && process_group_->world_size() > 1) {
+    buffer_sync_ = std::make_unique<BufferSync>(std::move(buffers));
+  }
 
   Reducer::Config config;
   config.first_bucket_bytes = mebibytes_to_bytes(options.first_bucket_cap_mb(), "first_bucket_cap_mb");
@@ -76,9 +78,8 @@ DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
   reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers() && !buffers_.empty() && module_->is_training() &&
-      process_group_->world_size() > 1) {
-    broadcast_coalesced(process_group_->communicator(), buffers_, 0);
+  if (buffer_sync_ && module_->is_training()) {
+    buffer_sync_->broadcast(process_group_->communicator(), 0);
   }
 }
 

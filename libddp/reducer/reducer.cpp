@@ -14,18 +14,10 @@
 #include <ddp/errors.h>
 
 #include "reducer/bucket_assignment.h"
+#include "reducer/row_major.h"
 #include "reducer/timeline.h"
 
 namespace ddp::detail {
-namespace {
-
-std::vector<std::int64_t> row_major_strides(at::IntArrayRef sizes) {
-  std::vector<std::int64_t> strides(sizes.size(), 1);
-  for (std::size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<std::int64_t>(sizes[i], 1);
-  return strides;
-}
-
-}  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, Communicator& comm,
                  Config config)

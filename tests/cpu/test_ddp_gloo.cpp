@@ -113,6 +113,60 @@ TEST_P(DdpGloo, UnusedParameterWithoutTheOptionIsReported) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) { check_unused_parameter_is_reported(*init_gloo()); }));
 }
 
+// A module whose output shows its buffers: a float vector and an integer counter.
+struct BufferedNetImpl : torch::nn::Module {
+  BufferedNetImpl() {
+    linear = register_module("linear", torch::nn::Linear(4, 4));
+    offset = register_buffer("offset", torch::zeros({4}));
+    count = register_buffer("count", torch::zeros({}, torch::kLong));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return linear(x) + offset + count.to(torch::kFloat); }
+  torch::nn::Linear linear{nullptr};
+  torch::Tensor offset, count;
+};
+TORCH_MODULE(BufferedNet);
+
+// Before each training forward every rank gets rank 0's buffers, whether a
+// rank changed them in place or replaced their storage (as Module::load
+// does); in evaluation each rank keeps its own.
+TEST_P(DdpGloo, BuffersFollowRankZeroBeforeEachTrainingForward) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int rank) {
+    auto pg = init_gloo();
+    BufferedNet net;
+    ddp::DistributedDataParallel<BufferedNet> model(net, pg);
+    const auto expect_buffers = [&](float offset, std::int64_t count, const std::string& when) {
+      const float got_offset = net->offset[3].item<float>();
+      const std::int64_t got_count = net->count.item<std::int64_t>();
+      require(got_offset == offset && got_count == count,
+              when + ": rank " + std::to_string(rank) + " has offset " + std::to_string(got_offset) + " and count " +
+                  std::to_string(got_count) + ", expected " + std::to_string(offset) + " and " + std::to_string(count));
+    };
+    {
+      torch::NoGradGuard no_grad;
+      net->offset.fill_(0.5 + rank);
+      net->count.fill_(7 + rank);
+    }
+    model(torch::zeros({2, 4}));
+    expect_buffers(0.5F, 7, "changed in place");
+    {
+      torch::NoGradGuard no_grad;
+      net->offset.set_(torch::full({4}, 10.0F + static_cast<float>(rank)));
+      net->count.set_(torch::full({}, 20 + rank, torch::kLong));
+    }
+    model(torch::zeros({2, 4}));
+    expect_buffers(10.0F, 20, "replaced");
+    model(torch::zeros({2, 4}));
+    expect_buffers(10.0F, 20, "replaced, next forward");
+    net->eval();
+    {
+      torch::NoGradGuard no_grad;
+      net->offset.fill_(30.0F + static_cast<float>(rank));
+    }
+    model(torch::zeros({2, 4}));
+    expect_buffers(30.0F + static_cast<float>(rank), 20, "evaluation");
+  }));
+}
+
 // On one process a gradient's average is itself, so DDP copies and launches
 // nothing; it must still train exactly as the module alone, also where
 // gradients are not bucket views (finalize copies nothing back then) and
