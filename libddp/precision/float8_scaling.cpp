@@ -50,11 +50,10 @@ at::Tensor convert(const at::Tensor& tensor, const at::Tensor& scale, double lar
   }
 #endif
   const at::Tensor amax = with_amax ? amax_of(tensor) : at::Tensor();
-  // `scale` is 0-dim so that `tensor * scale` stays in the tensor's dtype
-  // (bf16 for activations), which holds 5 more mantissa bits than either FP8
-  // format. The conversion does not saturate (values past the range become
-  // NaN), hence the clamp.
-  result.data = (tensor * scale).clamp(-largest, largest).to(float8_dtype);
+  // The product in fp32, as the kernel forms it, so that both paths give the
+  // same bytes (a bf16 product would round twice). The conversion does not
+  // saturate (values past the range become NaN), hence the clamp.
+  result.data = (tensor.to(at::kFloat) * scale).clamp(-largest, largest).to(float8_dtype);
   if (with_transposed) result.transposed = result.data.t().contiguous();
   return amax;
 }

@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <unordered_set>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -12,7 +13,15 @@
 
 namespace ddp::detail {
 
-BufferSync::BufferSync(std::vector<at::Tensor> buffers) : buffers_(std::move(buffers)) { flatten(); }
+BufferSync::BufferSync(std::vector<at::Tensor> buffers) {
+  // A buffer registered under two submodules is one tensor; flattened twice,
+  // its first place would never match again and every forward re-flatten.
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (at::Tensor& buffer : buffers) {
+    if (seen.insert(buffer.unsafeGetTensorImpl()).second) buffers_.push_back(std::move(buffer));
+  }
+  flatten();
+}
 
 void BufferSync::flatten() {
   c10::NoGradGuard no_grad;
@@ -22,6 +31,7 @@ void BufferSync::flatten() {
   }
   groups_.clear();
   data_.assign(buffers_.size(), nullptr);
+  numel_.assign(buffers_.size(), 0);
   for (auto& [kind, members] : by_kind) {
     std::int64_t total = 0;
     for (std::size_t i : members) total += buffers_[i].numel();
@@ -35,6 +45,7 @@ void BufferSync::flatten() {
       buffer.set_(group.flat.storage(), group.flat.storage_offset() + offset, buffer.sizes(),
                   row_major_strides(buffer.sizes()));
       data_[i] = buffer.data_ptr();
+      numel_[i] = numel;
       offset += numel;
     }
     groups_.push_back(std::move(group));
@@ -44,7 +55,10 @@ void BufferSync::flatten() {
 bool BufferSync::still_views() const {
   for (const auto& group : groups_) {
     for (std::size_t i : group.members) {
-      if (!buffers_[i].is_alias_of(group.flat) || buffers_[i].data_ptr() != data_[i]) return false;
+      // A buffer grown in place (resize_) keeps its pointer but would spill
+      // into its neighbour's place.
+      const at::Tensor& buffer = buffers_[i];
+      if (!buffer.is_alias_of(group.flat) || buffer.data_ptr() != data_[i] || buffer.numel() != numel_[i]) return false;
     }
   }
   return true;
@@ -53,6 +67,9 @@ bool BufferSync::still_views() const {
 void BufferSync::broadcast(Communicator& comm, int root) {
   if (!still_views()) flatten();
   for (auto& group : groups_) comm.broadcast(group.flat, root)->wait_stream();
+  // The broadcast writes them behind autograd's back; as copy_ would, mark
+  // them changed so that a graph that saved one notices.
+  for (at::Tensor& buffer : buffers_) buffer.unsafeGetTensorImpl()->bump_version();
 }
 
 }  // namespace ddp::detail

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -15,7 +16,10 @@ namespace ddp::detail {
 /// which is broadcast in place. Concatenating them and copying every one
 /// back would cost a kernel per buffer on every rank, each forward (161 for
 /// ResNet-50). A buffer that stopped being such a view (load() or to()
-/// replace its storage) is noticed, and the flat tensors are rebuilt.
+/// replace its storage, resize_ changed its size) is noticed before the
+/// next broadcast, and the flat tensors are rebuilt. A buffer grown in place
+/// shares its neighbour's memory until then: replace a buffer (set_ or
+/// assignment) rather than resize_ it.
 class BufferSync {
  public:
   explicit BufferSync(std::vector<at::Tensor> buffers);
@@ -34,7 +38,8 @@ class BufferSync {
 
   std::vector<at::Tensor> buffers_;
   std::vector<Group> groups_;
-  std::vector<const void*> data_;  // where each buffer's data was put
+  std::vector<const void*> data_;       // where each buffer's data was put
+  std::vector<std::int64_t> numel_;     // and how many elements it had
 };
 
 }  // namespace ddp::detail

@@ -80,6 +80,12 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan) {
     bucket.parameters = indices;
     std::int64_t total = 0;
     for (std::size_t index : indices) total += parameters_[index].numel();
+    bucket.bytes = static_cast<std::size_t>(total) * parameters_[indices.front()].element_size();
+    for (std::size_t slot = 0; slot < indices.size(); ++slot) location_[indices[slot]] = {buckets.size(), slot};
+    if (!config_.reduce) {  // nothing is ever gathered: the buckets only count readiness
+      buckets.push_back(std::move(bucket));
+      continue;
+    }
     const at::Tensor& first = parameters_[indices.front()];
     bucket.buffer = at::zeros({total}, first.options());
     std::int64_t offset = 0;
@@ -101,7 +107,6 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan) {
         if (config_.gradient_as_bucket_view) grad = view;
       }
       bucket.views.push_back(view);
-      location_[indices[slot]] = {buckets.size(), slot};
       offset += parameter.numel();
     }
     buckets.push_back(std::move(bucket));
@@ -122,14 +127,14 @@ bool Reducer::sync() const {
 std::vector<std::size_t> Reducer::bucket_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::size_t> bytes;
-  for (const auto& bucket : buckets_) bytes.push_back(bucket.buffer.numel() * bucket.buffer.element_size());
+  for (const auto& bucket : buckets_) bytes.push_back(bucket.bytes);
   return bytes;
 }
 
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;  // a forward whose backward never ran (evaluation) leaves nothing behind
-  const bool rebuild = !rebuilt_ && reduced_iterations_ >= 1 &&
+  const bool rebuild = config_.reduce && !rebuilt_ && reduced_iterations_ >= 1 &&
                        (!config_.find_unused_parameters || config_.static_graph) &&
                        ready_order_.size() == parameters_.size();
   if (!rebuild) return;
@@ -255,7 +260,6 @@ void Reducer::mark_ready(std::size_t index, bool used) {
 
 void Reducer::gather_into_bucket(Bucket& bucket) {
   c10::NoGradGuard no_grad;
-  if (adopt_sole_gradient(bucket)) return;
   std::sort(bucket.to_copy.begin(), bucket.to_copy.end());  // ready order -> layout order
   bool one_kernel = bucket.to_copy.size() == bucket.parameters.size();
   std::vector<at::Tensor> flat;
@@ -275,24 +279,6 @@ void Reducer::gather_into_bucket(Bucket& bucket) {
     for (std::size_t slot : bucket.to_copy) parameters_[bucket.parameters[slot]].mutable_grad() = bucket.views[slot];
   }
   bucket.to_copy.clear();
-}
-
-bool Reducer::adopt_sole_gradient(Bucket& bucket) {
-  // A parameter larger than the bucket cap has a bucket of its own, and most
-  // of a large model's bytes are in such buckets. Its gradient, laid out as
-  // the bucket, becomes the bucket: reduced where autograd wrote it instead
-  // of copied in first (a copy of every such byte, each backward).
-  if (!config_.gradient_as_bucket_view || bucket.parameters.size() != 1 || bucket.to_copy.size() != 1) return false;
-  at::Tensor& grad = parameters_[bucket.parameters.front()].mutable_grad();
-  const at::Tensor& view = bucket.views.front();
-  if (grad.scalar_type() != view.scalar_type() || grad.strides() != view.strides() ||
-      !grad.is_non_overlapping_and_dense()) {
-    return false;
-  }
-  bucket.buffer = grad.as_strided({grad.numel()}, {1}, grad.storage_offset());
-  bucket.views.front() = grad;
-  bucket.to_copy.clear();
-  return true;
 }
 
 void Reducer::launch_ready_buckets() {
@@ -339,7 +325,7 @@ void Reducer::finalize_backward() {
     bucket.finish();  // orders the caller's stream after the reduction
     bucket.finish = nullptr;
   }
-  if (config_.find_unused_parameters) adopt_globally_used_gradients();
+  if (config_.reduce && config_.find_unused_parameters) adopt_globally_used_gradients();
   if (config_.reduce && !config_.gradient_as_bucket_view) {
     c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {

@@ -37,8 +37,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     bool find_unused_parameters = false;
     bool static_graph = false;
     /// False on one process with the averaging hook, where a gradient's
-    /// average is itself: gradients stay where autograd put them, and
-    /// nothing is copied or launched.
+    /// average is itself: gradients stay where autograd put them, no bucket
+    /// memory is allocated, and nothing is copied or launched.
     bool reduce = true;
     CommHook comm_hook;
     std::shared_ptr<Timeline> timeline;  // null: not recorded
@@ -62,7 +62,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  private:
   struct Bucket {
     std::vector<std::size_t> parameters;  // indices into parameters_
-    at::Tensor buffer;                    // flat gradients of those parameters
+    std::size_t bytes = 0;                // of their gradients
+    at::Tensor buffer;                    // flat gradients of those parameters (none without reduce)
     std::vector<at::Tensor> views;        // one per parameter, shaped and strided like it
     std::size_t pending = 0;              // parameters not ready yet in this backward
     std::vector<std::size_t> to_copy;     // slots whose gradient lives outside the bucket
@@ -76,8 +77,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void on_gradient_ready(std::size_t index);
   void mark_ready(std::size_t index, bool used);
   void gather_into_bucket(Bucket& bucket);
-  /// Makes the gradient of a one-parameter bucket its buffer; false where it cannot.
-  bool adopt_sole_gradient(Bucket& bucket);
   void launch_ready_buckets();
   void finalize_backward();
   void adopt_globally_used_gradients();

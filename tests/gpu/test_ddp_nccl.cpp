@@ -35,6 +35,19 @@ TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
   }));
 }
 
+// shift's gradient is a view of the output gradient that the head's backward
+// still reads (LibTorch 2.x): it must be copied into its bucket, not reduced
+// in place while the head's kernels read it.
+TEST(DdpNccl, ParameterUsedThroughAViewMatchesSingleProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_nccl();
+    Scenario scenario;
+    scenario.model = Model::kViewedParameter;
+    scenario.options.bucket_cap_mb(1e-6).first_bucket_cap_mb(1e-6);
+    check_matches_single_process(*pg, scenario);
+  }));
+}
+
 TEST(DdpNccl, UnusedBranchNoSyncAndBucketSizesMatchSingleProcess) {
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_nccl();

@@ -11,6 +11,8 @@
 namespace ddp::testing {
 namespace {
 
+constexpr std::int64_t kBatch = 4;  // samples per rank and micro-step
+
 struct NetImpl : torch::nn::Module {
   NetImpl(Model kind, int second_width) : kind(kind) {
     if (kind == Model::kConvBatchNorm) {
@@ -21,6 +23,8 @@ struct NetImpl : torch::nn::Module {
       trunk = register_module("trunk", torch::nn::Linear(16, second_width));
       head = register_module("head", torch::nn::Linear(second_width, 4));
       if (kind == Model::kBranchy) side = register_module("side", torch::nn::Linear(second_width, 4));
+      // Registered last, so that its bucket is the first reduced.
+      if (kind == Model::kViewedParameter) shift = register_parameter("shift", torch::randn({kBatch * 4}));
     }
   }
 
@@ -32,6 +36,7 @@ struct NetImpl : torch::nn::Module {
     x = torch::tanh(trunk(x));
     torch::Tensor out = head(x);
     if (use_side && side) out = out + side(x);
+    if (shift.defined()) out = out + shift.view({kBatch, 4});
     return out;
   }
 
@@ -39,6 +44,7 @@ struct NetImpl : torch::nn::Module {
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d norm{nullptr};
   torch::nn::Linear trunk{nullptr}, head{nullptr}, side{nullptr};
+  torch::Tensor shift;
 };
 TORCH_MODULE(Net);
 
@@ -63,12 +69,12 @@ Batch make_batch(Model kind, int step, int micro, int rank, const c10::Device& d
   torch::manual_seed(10000 * step + 100 * micro + rank);
   Batch batch;
   if (kind == Model::kConvBatchNorm) {
-    batch.input = torch::randn({4, 3, 6, 6});
+    batch.input = torch::randn({kBatch, 3, 6, 6});
     if (channels_last) batch.input = batch.input.contiguous(at::MemoryFormat::ChannelsLast);
   } else {
-    batch.input = torch::randn({4, 16});
+    batch.input = torch::randn({kBatch, 16});
   }
-  batch.target = torch::randn({4, 4});
+  batch.target = torch::randn({kBatch, 4});
   batch.input = batch.input.to(device);
   batch.target = batch.target.to(device);
   batch.use_side = kind == Model::kBranchy && (step + rank) % 3 == 0;  // some steps no rank uses it

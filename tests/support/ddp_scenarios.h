@@ -16,6 +16,9 @@ enum class Model {
   kMlp,         ///< two linear layers
   kConvBatchNorm,  ///< conv, BatchNorm (per-rank statistics), linear
   kBranchy,     ///< a head that some ranks skip on some steps
+  /// an MLP whose output adds a parameter through a view: autograd hands that
+  /// parameter a gradient sharing memory with the gradient the head still reads
+  kViewedParameter,
 };
 
 struct Scenario {
