@@ -127,16 +127,20 @@ TEST_P(DdpGloo, UnusedParameterWithoutTheOptionIsReported) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) { check_unused_parameter_is_reported(*init_gloo()); }));
 }
 
-// A module whose output shows its buffers: a float vector and an integer counter.
+// A module whose output shows its buffers: two float vectors, which DDP packs
+// side by side, and an integer counter.
 struct BufferedNetImpl : torch::nn::Module {
   BufferedNetImpl() {
     linear = register_module("linear", torch::nn::Linear(4, 4));
     offset = register_buffer("offset", torch::zeros({4}));
+    shift = register_buffer("shift", torch::zeros({2}));
     count = register_buffer("count", torch::zeros({}, torch::kLong));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return linear(x) + offset + count.to(torch::kFloat); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return linear(x) + offset.narrow(0, 0, 4) + shift.sum() + count.to(torch::kFloat);
+  }
   torch::nn::Linear linear{nullptr};
-  torch::Tensor offset, count;
+  torch::Tensor offset, shift, count;
 };
 TORCH_MODULE(BufferedNet);
 
@@ -181,39 +185,27 @@ TEST_P(DdpGloo, BuffersFollowRankZeroBeforeEachTrainingForward) {
   }));
 }
 
-struct TwoBuffersNetImpl : torch::nn::Module {
-  TwoBuffersNetImpl() {
-    linear = register_module("linear", torch::nn::Linear(4, 4));
-    first = register_buffer("first", torch::zeros({2}));
-    second = register_buffer("second", torch::zeros({2}));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return linear(x) + first.sum() + second.sum(); }
-  torch::nn::Linear linear{nullptr};
-  torch::Tensor first, second;
-};
-TORCH_MODULE(TwoBuffersNet);
-
 // DDP packs same-dtype buffers side by side. One grown in place (resize_
 // keeps its pointer while the packed memory is large enough) overlaps its
 // neighbour until the next training forward, which packs them anew.
 TEST_P(DdpGloo, BufferGrownInPlaceIsRepackedByTheNextForward) {
   expect_all_succeeded(run_ranks(GetParam(), [](int rank) {
     auto pg = init_gloo();
-    TwoBuffersNet net;
-    ddp::DistributedDataParallel<TwoBuffersNet> model(net, pg);
-    net->first.resize_({4});
+    BufferedNet net;
+    ddp::DistributedDataParallel<BufferedNet> model(net, pg);
+    net->offset.resize_({6});
     model(torch::zeros({2, 4}));
     {
       torch::NoGradGuard no_grad;
-      net->first.fill_(1.0F + static_cast<float>(rank));
-      net->second.fill_(-1.0F - static_cast<float>(rank));
+      net->offset.fill_(1.0F + static_cast<float>(rank));
+      net->shift.fill_(-1.0F - static_cast<float>(rank));
     }
     model(torch::zeros({2, 4}));
-    const bool first_ok = net->first.numel() == 4 && torch::equal(net->first, torch::full({4}, 1.0F));
-    const bool second_ok = torch::equal(net->second, torch::full({2}, -1.0F));
-    require(first_ok && second_ok, "rank " + std::to_string(rank) + ": buffers after the forward: first " +
-                                       c10::str(net->first) + ", second " + c10::str(net->second) +
-                                       "; expected rank 0's: 1 x4 and -1 x2");
+    const bool offset_ok = net->offset.numel() == 6 && torch::equal(net->offset, torch::full({6}, 1.0F));
+    const bool shift_ok = torch::equal(net->shift, torch::full({2}, -1.0F));
+    require(offset_ok && shift_ok, "rank " + std::to_string(rank) + ": buffers after the forward: offset " +
+                                       c10::str(net->offset) + ", shift " + c10::str(net->shift) +
+                                       "; expected rank 0's: 1 x6 and -1 x2");
   }));
 }
 
