@@ -230,7 +230,15 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   const std::int64_t seq = config.max_seq_len;
   llama::Llama model(config);
   model->to(device);
-  if (policy.uses_float8()) llama::enable_float8_training(*model);
+  std::string fp8_scaling = "null";
+  if (policy.uses_float8()) {
+    try {
+      llama::enable_float8_training(*model, llama::float8_scaling_named(flags.str("fp8-scaling")));
+    } catch (const std::invalid_argument& e) {
+      flags.fail(e.what());
+    }
+    fp8_scaling = "\"" + flags.str("fp8-scaling") + "\"";
+  }
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<llama::Llama>>(model, process_group, options);
   std::shared_ptr<torch::optim::Optimizer> optimizer = llama::make_adamw(*model, 3e-4, 0.95, 0.1);
   const at::Tensor tokens =
@@ -249,8 +257,9 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   // embedding lookup's, plus causal attention's QK^T and AV, half masked.
   workload.flops_per_item = 6.0 * static_cast<double>(workload.params - config.vocab_size * config.dim) +
                             6.0 * static_cast<double>(config.n_layers * seq * config.dim);
-  workload.json_fields = fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null",
-                                     flags.str("preset"), seq);
+  workload.json_fields =
+      fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}",
+                  flags.str("preset"), seq, fp8_scaling);
   return workload;
 }
 
@@ -263,6 +272,7 @@ int main(int argc, char** argv) try {
       .add("seq", "", "LLaMA tokens per sequence (default: the preset's)")
       .add("image-size", "224", "ResNet-50 image height and width")
       .add("precision", "bf16", "fp32 | tf32 | bf16 | fp8 (LLaMA)")
+      .add("fp8-scaling", "delayed", "LLaMA fp8 recipe: delayed | current")
       .add("batch", "", "samples per rank (default: 128 images, 4 sequences)")
       .add("steps", "30", "timed steps")
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")

@@ -3,7 +3,8 @@
 # configure against its python3 torch and NCCL, build, run the GPU tests,
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
-# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision examples scaling profile
+# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes examples
+#   scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
@@ -36,6 +37,21 @@ step ddp_overlap_no_timeline build/gpu/libddp/ddprun --nproc-per-node gpu --stan
   build/gpu/benchmarks/ddp_overlap/ddp_overlap --no-timeline \
   --json "$out/ddp_overlap_no_timeline.json" --markdown "$out/ddp_overlap_no_timeline.md"
 step precision build/gpu/benchmarks/precision/precision_bench --json "$out/precision.json" --markdown "$out/precision.md"
+# LLaMA in FP8 under both recipes on one GPU: tinyllama-1.1b's throughput against
+# bf16, and a short training run of a small decoder (loss against bf16's).
+fp8_recipes() {
+  local run="build/gpu/libddp/ddprun --nproc-per-node 1 --standalone" p scaling rc=0
+  for p in bf16 fp8:current fp8:delayed; do
+    scaling=${p#*:}; [[ $p == bf16 ]] && scaling=delayed
+    $run build/gpu/benchmarks/scaling/scaling_bench --model llama --precision ${p%%:*} --fp8-scaling $scaling \
+      --json "$out/fp8-recipes-throughput.jsonl" || rc=1
+    $run build/gpu/examples/llama/train_llama --preset tiny --dim 256 --layers 4 --heads 4 --kv-heads 4 --ffn 704 \
+      --vocab 512 --seq-len 256 --batch 16 --precision ${p%%:*} --fp8-scaling $scaling --steps ${FP8_TRAIN_STEPS:-300} \
+      --warmup 20 --log-every 50 --eval-batches 4 --metrics "$out/fp8-recipes-train-${p/:/-}.jsonl" || rc=1
+  done
+  return $rc
+}
+step fp8_recipes fp8_recipes
 # The examples on every GPU in each precision they support, a short run each.
 run_examples() {
   local run="build/gpu/libddp/ddprun --nproc-per-node ${EXAMPLE_GPUS:-gpu} --standalone" p

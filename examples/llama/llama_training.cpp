@@ -1,13 +1,20 @@
 #include "llama_training.h"
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace llama {
 
-ddp::float8::Report enable_float8_training(LlamaImpl& model) {
-  return ddp::float8::enable_float8(model, ddp::Float8Options(),
+ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling) {
+  return ddp::float8::enable_float8(model, ddp::Float8Options().scaling(scaling),
                                     [](const std::string& path, const ddp::Float8LinearImpl&) { return path != "output"; });
+}
+
+ddp::Float8Scaling float8_scaling_named(const std::string& name) {
+  if (name == "current") return ddp::Float8Scaling::kCurrent;
+  if (name == "delayed") return ddp::Float8Scaling::kDelayed;
+  throw std::invalid_argument("--fp8-scaling must be current or delayed, got '" + name + "'");
 }
 
 std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(LlamaImpl& model, double lr, double beta2, double weight_decay) {

@@ -4,6 +4,7 @@
 // scaling benchmark so that the benchmark measures exactly what the example runs.
 
 #include <memory>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -15,8 +16,13 @@
 namespace llama {
 
 /// FP8 in every linear layer but the output head, which stays in bf16 as
-/// Transformer Engine and torchao recommend: its logits feed the softmax directly.
-ddp::float8::Report enable_float8_training(LlamaImpl& model);
+/// Transformer Engine and torchao recommend: its logits feed the softmax
+/// directly. `scaling`: the recipe (Float8Options' defaults otherwise).
+ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling);
+
+/// "current" or "delayed", the value of the --fp8-scaling flag; throws
+/// std::invalid_argument otherwise.
+ddp::Float8Scaling float8_scaling_named(const std::string& name);
 
 /// AdamW (fused where LibTorch has the kernel) with weight decay on matrices
 /// only, not on norms.

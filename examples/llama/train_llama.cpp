@@ -52,6 +52,7 @@ int main(int argc, char** argv) try {
       .add("vocab", "", "vocabulary size")
       .add("seq-len", "", "tokens per sequence")
       .add("precision", "bf16", "fp32 | tf32 | bf16 | fp16 | fp8")
+      .add("fp8-scaling", "delayed", "fp8 recipe: delayed (amax history, Transformer Engine's default) | current")
       .add("batch", "4", "sequences per micro-batch and rank")
       .add("data", "synthetic", "'synthetic', or a token file (make_tokens; llm.c or nanoGPT layout)")
       .add("val-data", "", "token file for validation (default: the training data, in file order)")
@@ -90,6 +91,12 @@ int main(int argc, char** argv) try {
   if (batch < 1) flags.fail("--batch must be at least 1");
 
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
+  ddp::Float8Scaling float8_scaling{};
+  try {
+    float8_scaling = llama::float8_scaling_named(flags.str("fp8-scaling"));
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
   auto process_group = ddp::init();
   const auto device = process_group->device();
   policy.check_supported(device);
@@ -119,7 +126,7 @@ int main(int argc, char** argv) try {
   llama::Llama model(config);
   model->to(device);
   if (policy.uses_float8()) {
-    const auto report = llama::enable_float8_training(*model);
+    const auto report = llama::enable_float8_training(*model, float8_scaling);
     if (process_group->rank() == 0) {
       std::printf("fp8: %zu linear layers in FP8, %zu left in bf16\n", report.converted.size(),
                   report.skipped.size());

@@ -1,5 +1,6 @@
 #include "precision/float8_cast.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -48,18 +49,26 @@ __device__ __forceinline__ uint32_t to_float8x4(float a, float b, float c, float
   return low | (high << 16);
 }
 
+/// ATen's clamp_min: a NaN amax stays NaN (fmaxf would replace it).
+__device__ __forceinline__ float at_least_min_amax(float amax) {
+  return amax < kFloat8MinAmax ? kFloat8MinAmax : amax;
+}
+
 /// Casts one 64 x 64 tile of `input` ([rows, cols] row-major) to `out`, and
 /// with kTransposed to `out_t` ([cols, rows] row-major) through shared memory,
 /// so that both the reads and the writes of the transposed copy are
-/// coalesced. With kAmax, max |input| goes to *amax (zeroed beforehand).
+/// coalesced. With kAmax, max |input| is max-accumulated into *amax. The
+/// scale is *scale_source, or largest / *scale_source if scale_from_amax;
+/// the first block writes its inverse to *inverse_scale, if given.
 /// vectorized: input, out and cols allow 16-byte loads and
 /// (16 / sizeof(T))-byte stores; rows_aligned: rows and out_t allow 4-byte
 /// stores of the transposed copy. Tiles at the edges check their bounds.
 template <typename T, __nv_fp8_interpretation_t kFormat, bool kTransposed, bool kAmax>
 __global__ void __launch_bounds__(kThreads)
-    cast_to_float8_kernel(const T* __restrict__ input, const float* __restrict__ scale, float largest, int64_t rows,
-                          int64_t cols, int64_t col_tiles, bool vectorized, bool rows_aligned,
-                          uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* __restrict__ amax) {
+    cast_to_float8_kernel(const T* __restrict__ input, const float* __restrict__ scale_source, bool scale_from_amax,
+                          float largest, int64_t rows, int64_t cols, int64_t col_tiles, bool vectorized,
+                          bool rows_aligned, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                          float* __restrict__ amax, float* __restrict__ inverse_scale) {
   constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kVectorsPerRow = kTile / kVector;
   constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
@@ -70,7 +79,9 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) / col_tiles * kTile;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTile;
-  const float s = __ldg(scale);
+  const float source = __ldg(scale_source);
+  const float s = scale_from_amax ? largest / at_least_min_amax(source) : source;
+  if (inverse_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / s;
   int max_bits = 0;
 
   const int tile_col = threadIdx.x % kVectorsPerRow * kVector;
@@ -172,20 +183,23 @@ struct Launch {
   dim3 grid;
   cudaStream_t stream;
   const void* input;
-  const float* scale;
+  const float* scale_source;
+  bool scale_from_amax;
   float largest;
   int64_t rows, cols, col_tiles;
   bool vectorized, rows_aligned;
   uint8_t* out;
   uint8_t* out_t;
   float* amax;
+  float* inverse_scale;
 };
 
 template <typename T, __nv_fp8_interpretation_t kFormat, bool kTransposed, bool kAmax>
 void launch(const Launch& l) {
   cast_to_float8_kernel<T, kFormat, kTransposed, kAmax>
-      <<<l.grid, kThreads, 0, l.stream>>>(static_cast<const T*>(l.input), l.scale, l.largest, l.rows, l.cols,
-                                          l.col_tiles, l.vectorized, l.rows_aligned, l.out, l.out_t, l.amax);
+      <<<l.grid, kThreads, 0, l.stream>>>(static_cast<const T*>(l.input), l.scale_source, l.scale_from_amax,
+                                          l.largest, l.rows, l.cols, l.col_tiles, l.vectorized, l.rows_aligned,
+                                          l.out, l.out_t, l.amax, l.inverse_scale);
   check_cuda(cudaGetLastError(), "cast_to_float8_kernel<<<...>>>");
 }
 
@@ -217,17 +231,81 @@ bool aligned(const void* pointer, std::uintptr_t bytes) {
   return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
+constexpr int kHistoryThreads = 256;
+
+/// See update_amax_history. One block: histories are short (Transformer
+/// Engine's default is 1024 entries) and one launch per cast is the point.
+__global__ void __launch_bounds__(kHistoryThreads)
+    update_amax_history_kernel(float* __restrict__ history, int64_t length, float* __restrict__ amax,
+                               float* __restrict__ scale, float largest, bool use_max) {
+  __shared__ float newest;
+  __shared__ int warp_max[kHistoryThreads / 32];
+  if (threadIdx.x == 0 && amax != nullptr) {
+    newest = *amax;
+    *amax = 0.0f;
+  }
+  __syncthreads();
+
+  // The shift goes from the last chunk to the first: a chunk reads the
+  // entries one below its own before any of them is overwritten, and the
+  // barrier keeps a chunk's reads ahead of its writes.
+  int max_bits = 0;
+  const int64_t last_chunk = (length - 1) / kHistoryThreads * kHistoryThreads;
+  for (int64_t chunk = last_chunk; chunk >= 0; chunk -= kHistoryThreads) {
+    const int64_t i = chunk + threadIdx.x;
+    float value = 0.0f;
+    if (i < length) value = amax == nullptr ? history[i] : (i == 0 ? newest : history[i - 1]);
+    __syncthreads();
+    if (i < length) {
+      if (amax != nullptr) history[i] = value;
+      max_bits = max(max_bits, abs_bits(value));
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kHistoryThreads / 32; ++w) max_bits = max(max_bits, warp_max[w]);
+    // The history holds amaxes (>= 0 or NaN), so the bits' maximum is theirs.
+    const float history_amax = use_max ? __int_as_float(max_bits) : (amax != nullptr ? newest : history[0]);
+    if (history_amax > 0.0f) *scale = largest / at_least_min_amax(history_amax);
+  }
+}
+
+void check_scalar(const at::Tensor& tensor, const at::Tensor& input, const char* function, const char* name) {
+  TORCH_CHECK(tensor.device() == input.device() && tensor.dim() == 0 && tensor.scalar_type() == at::kFloat, function,
+              name, " must be a 0-dim fp32 tensor on ", input.device(), ", got ", tensor.sizes(), " ",
+              tensor.scalar_type(), " on ", tensor.device());
+}
+
 }  // namespace
 
-void cast_to_float8(const at::Tensor& input, const at::Tensor& scale, float largest, const Float8CastOutputs& outputs) {
+void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float largest,
+                         bool use_max) {
+  const char* const what = "update_amax_history: ";
+  TORCH_CHECK(history.is_cuda() && history.dim() == 1 && history.numel() > 0 && history.is_contiguous() &&
+                  history.scalar_type() == at::kFloat,
+              what, "history must be a non-empty contiguous 1-D fp32 CUDA tensor, got ", history.sizes(), " ",
+              history.scalar_type(), " on ", history.device());
+  check_scalar(scale, history, what, "scale");
+  if (amax.defined()) check_scalar(amax, history, what, "amax");
+  const c10::cuda::CUDAGuard device_guard(history.device());
+  update_amax_history_kernel<<<1, kHistoryThreads, 0, c10::cuda::getCurrentCUDAStream(history.get_device())>>>(
+      history.data_ptr<float>(), history.numel(), amax.defined() ? amax.data_ptr<float>() : nullptr,
+      scale.data_ptr<float>(), largest, use_max);
+  check_cuda(cudaGetLastError(), "update_amax_history_kernel<<<...>>>");
+}
+
+void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,
+                    const Float8CastOutputs& outputs) {
   const char* const what = "cast_to_float8: ";
   TORCH_CHECK(input.is_cuda() && input.dim() == 2 && input.is_contiguous(), what,
               "input must be a contiguous 2-D CUDA tensor, got ", input.sizes(), " on ", input.device());
   const c10::ScalarType input_dtype = input.scalar_type();
   TORCH_CHECK(input_dtype == at::kBFloat16 || input_dtype == at::kHalf || input_dtype == at::kFloat, what,
               "input must be bf16, fp16 or fp32, got ", input_dtype);
-  TORCH_CHECK(scale.device() == input.device() && scale.dim() == 0 && scale.scalar_type() == at::kFloat, what,
-              "scale must be a 0-dim fp32 tensor on ", input.device());
+  check_scalar(scale.value, input, what, scale.from_amax ? "amax of the input" : "scale");
   const int64_t rows = input.size(0);
   const int64_t cols = input.size(1);
   const at::Tensor& out = outputs.data;
@@ -243,24 +321,22 @@ void cast_to_float8(const at::Tensor& input, const at::Tensor& scale, float larg
                 what, "transposed must be contiguous [", cols, ", ", rows, "] ", float8_dtype, " on ", input.device());
   }
   const at::Tensor& amax = outputs.amax;
-  if (amax.defined()) {
-    TORCH_CHECK(amax.device() == input.device() && amax.dim() == 0 && amax.scalar_type() == at::kFloat, what,
-                "amax must be a 0-dim fp32 tensor on ", input.device());
-  }
+  if (amax.defined()) check_scalar(amax, input, what, "amax");
+  const at::Tensor& inverse_scale = outputs.inverse_scale;
+  if (inverse_scale.defined()) check_scalar(inverse_scale, input, what, "inverse_scale");
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device());
-  if (amax.defined()) DDP_CUDA_CHECK(cudaMemsetAsync(amax.data_ptr(), 0, sizeof(float), stream));
-  if (rows == 0 || cols == 0) return;
-
-  const int64_t row_tiles = (rows + kTile - 1) / kTile;
-  const int64_t col_tiles = (cols + kTile - 1) / kTile;
+  // An empty input still takes one block, which writes the inverse scale.
+  const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
+  const int64_t col_tiles = std::max<int64_t>(1, (cols + kTile - 1) / kTile);
   TORCH_CHECK(row_tiles * col_tiles <= INT32_MAX, what, "input of ", input.sizes(), " has too many tiles");
   Launch l{};
   l.grid = dim3(static_cast<unsigned>(row_tiles * col_tiles));
   l.stream = stream;
   l.input = input.data_ptr();
-  l.scale = scale.data_ptr<float>();
+  l.scale_source = scale.value.data_ptr<float>();
+  l.scale_from_amax = scale.from_amax;
   l.largest = largest;
   l.rows = rows;
   l.cols = cols;
@@ -271,6 +347,7 @@ void cast_to_float8(const at::Tensor& input, const at::Tensor& scale, float larg
   l.out_t = out_t.defined() ? static_cast<uint8_t*>(out_t.data_ptr()) : nullptr;
   l.rows_aligned = rows % 4 == 0 && (l.out_t == nullptr || aligned(l.out_t, 4));
   l.amax = amax.defined() ? amax.data_ptr<float>() : nullptr;
+  l.inverse_scale = inverse_scale.defined() ? inverse_scale.data_ptr<float>() : nullptr;
   switch (input_dtype) {
     case at::kBFloat16:
       launch<__nv_bfloat16>(l, float8_dtype);

@@ -10,6 +10,21 @@
 
 namespace ddp::detail {
 
+/// The smallest amax a scale is computed from: keeps an all-zero tensor from
+/// giving an infinite scale.
+constexpr float kFloat8MinAmax = 1e-12f;
+
+/// Where cast_to_float8 takes its scale from: a 0-dim fp32 tensor on the
+/// input's device, read by the kernel (never by the host).
+struct Float8CastScale {
+  at::Tensor value;
+  /// False: `value` is the scale (delayed scaling). True: `value` is the
+  /// tensor's amax and the scale is largest / max(amax, kFloat8MinAmax)
+  /// (current scaling), formed in the kernel instead of by three 1-element
+  /// ATen kernels.
+  bool from_amax = false;
+};
+
 /// What cast_to_float8 writes; undefined members are not written.
 struct Float8CastOutputs {
   /// [M, K] row-major; its dtype (at::kFloat8_e4m3fn or at::kFloat8_e5m2)
@@ -18,20 +33,36 @@ struct Float8CastOutputs {
   /// [K, M] row-major, the same dtype and values: the transpose, or what
   /// at::_scaled_mm reads as `data` in column-major order.
   at::Tensor transposed;
-  /// 0-dim fp32: max |input| (NaN if the input has one), before scaling.
+  /// 0-dim fp32: max |input| (NaN if the input has one), before scaling,
+  /// max-accumulated into what it holds: zero it beforehand.
   at::Tensor amax;
+  /// 0-dim fp32: 1 / scale, what at::_scaled_mm takes to undo the scaling.
+  at::Tensor inverse_scale;
 };
 
 /// Writes outputs.data = saturate(input * scale) in one pass over `input`
 /// (and its transpose and amax in the same pass), on the current CUDA stream
 /// of input's device, without synchronising with the host.
 ///
-/// input: [M, K] contiguous bf16, fp16 or fp32 on a CUDA device. scale: 0-dim
-/// fp32 on the same device, read by the kernel. The product is taken in fp32,
-/// clamped to [-largest, largest] (NaN stays NaN) and rounded to nearest even.
+/// input: [M, K] contiguous bf16, fp16 or fp32 on a CUDA device. The product
+/// is taken in fp32, clamped to [-largest, largest] (NaN stays NaN) and
+/// rounded to nearest even.
 ///
 /// Defined only where float8_cast.cu is compiled: LibTorch >= 2.1 with CUDA
-/// (DDP_WITH_CUDA_KERNELS).
-void cast_to_float8(const at::Tensor& input, const at::Tensor& scale, float largest, const Float8CastOutputs& outputs);
+/// (DDP_WITH_CUDA_KERNELS), as is update_amax_history.
+void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,
+                    const Float8CastOutputs& outputs);
+
+/// Delayed scaling's bookkeeping after a cast, in one single-block kernel
+/// where ATen takes a roll, two copies and five 1-element kernels: shifts
+/// `history` (fp32, newest first) by one, enters *amax as its newest entry
+/// and zeroes *amax for the next cast to accumulate into; then sets
+/// scale = largest / max(history's amax, kFloat8MinAmax), the history's
+/// amax being its maximum (use_max) or its newest entry. An amax that is
+/// not > 0 (nothing recorded yet, an all-zero tensor, NaN) keeps the old
+/// scale. With `amax` undefined the history is left as it is and only the
+/// scale is recomputed (after the amaxes were reduced across ranks).
+void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float largest,
+                         bool use_max);
 
 }  // namespace ddp::detail

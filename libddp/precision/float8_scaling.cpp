@@ -6,9 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
-#ifdef DDP_WITH_CUDA_KERNELS
 #include "precision/float8_cast.h"
-#endif
 
 namespace ddp::detail {
 namespace {
@@ -21,41 +19,30 @@ double largest_finite(c10::ScalarType float8_dtype) {
   TORCH_CHECK(false, "Float8Linear: ", c10::toString(float8_dtype), " is not an FP8 dtype");
 }
 
-// Keeps an all-zero tensor from giving an infinite scale.
-constexpr double kMinAmax = 1e-12;
-
 /// max |tensor| as fp32: the inf-norm is one pass over the tensor.
 at::Tensor amax_of(const at::Tensor& tensor) {
   return at::linalg_vector_norm(tensor, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
 }
 
-/// Sets result.data to saturate(tensor * scale) in `float8_dtype` (and, if
-/// asked, result.transposed to its transpose); returns max |tensor| if asked.
-at::Tensor convert(const at::Tensor& tensor, const at::Tensor& scale, double largest, c10::ScalarType float8_dtype,
-                   bool with_transposed, bool with_amax, Float8Tensor& result) {
 #ifdef DDP_WITH_CUDA_KERNELS
+bool fits_cast_kernel(const at::Tensor& tensor) {
   const c10::ScalarType dtype = tensor.scalar_type();
-  if (tensor.is_cuda() && tensor.dim() == 2 && (dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat)) {
-    // One kernel reading the tensor once, where ATen takes a pass each for
-    // the multiply, the clamp, the conversion, the amax and the transpose.
-    const at::Tensor input = tensor.contiguous();
-    Float8CastOutputs outputs;
-    outputs.data = at::empty(input.sizes(), input.options().dtype(float8_dtype));
-    if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, outputs.data.options());
-    if (with_amax) outputs.amax = at::empty({}, input.options().dtype(at::kFloat));
-    cast_to_float8(input, scale, static_cast<float>(largest), outputs);
-    result.data = outputs.data;
-    result.transposed = outputs.transposed;
-    return outputs.amax;
-  }
+  return tensor.is_cuda() && tensor.dim() == 2 && (dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat);
+}
 #endif
-  const at::Tensor amax = with_amax ? amax_of(tensor) : at::Tensor();
-  // The product in fp32, as the kernel forms it, so that both paths give the
-  // same bytes (a bf16 product would round twice). The conversion does not
-  // saturate (values past the range become NaN), hence the clamp.
+
+/// saturate(tensor * scale) in `float8_dtype` by ATen's ops, for what the
+/// kernel does not take (CPU tensors, LibTorch without the kernels). The
+/// product is formed in fp32, as the kernel forms it, so that both paths give
+/// the same bytes (a bf16 product would round twice); the conversion does
+/// not saturate (values past the range become NaN), hence the clamp.
+Float8Tensor convert_with_aten(const at::Tensor& tensor, const at::Tensor& scale, double largest,
+                               c10::ScalarType float8_dtype, bool with_transposed) {
+  Float8Tensor result;
   result.data = (tensor.to(at::kFloat) * scale).clamp(-largest, largest).to(float8_dtype);
   if (with_transposed) result.transposed = result.data.t().contiguous();
-  return amax;
+  result.inverse_scale = scale.reciprocal();
+  return result;
 }
 
 }  // namespace
@@ -67,29 +54,51 @@ TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float
     amax_history_ = at::zeros({options.amax_history_len()}, fp32);
     // Until an amax is recorded the cast is unscaled, as in Transformer Engine.
     scale_ = at::ones({}, fp32);
+    pending_amax_ = at::zeros({}, fp32);
   }
+}
+
+double TensorScaling::scale_target() const {
+  return largest_finite(float8_dtype_) / std::ldexp(1.0, options_.margin());
 }
 
 Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed) {
   const double largest = largest_finite(float8_dtype_);
-  Float8Tensor result;
-  if (delayed()) {
-    // The scale of this cast comes from earlier amaxes, so values may exceed
-    // the format's range (the cast saturates them). This amax, taken in the
-    // same pass, enters the history for the next cast.
-    const at::Tensor scale = scale_.clone();
-    const at::Tensor amax = convert(tensor, scale, largest, float8_dtype_, with_transposed, /*with_amax=*/true, result);
-    result.inverse_scale = scale.reciprocal();
-    amax_history_.copy_(amax_history_.roll(1));
-    amax_history_.narrow(0, 0, 1).copy_(amax);
-    refresh_scale();
-  } else {
-    // The amax maps to the largest finite value, so it is needed before the
-    // cast, in a pass of its own.
-    const at::Tensor scale = largest / amax_of(tensor).clamp_min(kMinAmax);
-    convert(tensor, scale, largest, float8_dtype_, with_transposed, /*with_amax=*/false, result);
-    result.inverse_scale = scale.reciprocal();
+#ifdef DDP_WITH_CUDA_KERNELS
+  if (fits_cast_kernel(tensor)) {
+    // One kernel reads the tensor once, where ATen takes a pass each for the
+    // multiply, the clamp, the conversion, the amax and the transpose, and
+    // the scale arithmetic is done in the kernels instead of 1-element ATen
+    // kernels (about 12 launches per cast under delayed scaling).
+    const at::Tensor input = tensor.contiguous();
+    Float8CastOutputs outputs;
+    outputs.data = at::empty(input.sizes(), input.options().dtype(float8_dtype_));
+    if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, outputs.data.options());
+    outputs.inverse_scale = at::empty({}, input.options().dtype(at::kFloat));
+    if (delayed()) {
+      // The scale comes from earlier amaxes, so values may exceed the
+      // format's range (the cast saturates them). This cast's amax, taken in
+      // the same pass, enters the history for the next one.
+      outputs.amax = pending_amax_;
+      cast_to_float8(input, Float8CastScale{scale_, /*from_amax=*/false}, static_cast<float>(largest), outputs);
+      update_amax_history(amax_history_, pending_amax_, scale_, static_cast<float>(scale_target()), use_max());
+    } else {
+      // The amax maps to the largest finite value, so it is needed before
+      // the cast, in a pass of its own.
+      cast_to_float8(input, Float8CastScale{amax_of(input), /*from_amax=*/true}, static_cast<float>(largest),
+                     outputs);
+    }
+    return Float8Tensor{outputs.data, outputs.transposed, outputs.inverse_scale};
   }
+#endif
+  if (!delayed()) {
+    return convert_with_aten(tensor, largest / amax_of(tensor).clamp_min(kFloat8MinAmax), largest, float8_dtype_,
+                             with_transposed);
+  }
+  Float8Tensor result = convert_with_aten(tensor, scale_.clone(), largest, float8_dtype_, with_transposed);
+  amax_history_.copy_(amax_history_.roll(1));
+  amax_history_.narrow(0, 0, 1).copy_(amax_of(tensor));
+  refresh_scale();
   return result;
 }
 
@@ -99,17 +108,22 @@ at::Tensor TensorScaling::latest_amax() const {
 
 void TensorScaling::refresh_scale() {
   if (!delayed()) return;
-  const at::Tensor amax =
-      options_.amax_compute() == AmaxCompute::kMax ? amax_history_.max() : amax_history_.select(0, 0);
-  const double largest = largest_finite(float8_dtype_) / std::ldexp(1.0, options_.margin());
+#ifdef DDP_WITH_CUDA_KERNELS
+  if (amax_history_.is_cuda()) {
+    update_amax_history(amax_history_, /*amax=*/at::Tensor(), scale_, static_cast<float>(scale_target()), use_max());
+    return;
+  }
+#endif
+  const at::Tensor amax = use_max() ? amax_history_.max() : amax_history_.select(0, 0);
   // A zero amax (nothing seen yet, or an all-zero tensor) keeps the old scale.
-  scale_.copy_(at::where(amax > 0, largest / amax.clamp_min(kMinAmax), scale_));
+  scale_.copy_(at::where(amax > 0, scale_target() / amax.clamp_min(kFloat8MinAmax), scale_));
 }
 
 void TensorScaling::to(const c10::Device& device) {
   if (!delayed()) return;
   amax_history_ = amax_history_.to(device);
   scale_ = scale_.to(device);
+  pending_amax_ = pending_amax_.to(device);
 }
 
 void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std::string& prefix) const {
@@ -121,6 +135,7 @@ void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std
   if (delayed()) {
     saved[prefix + "history"] = amax_history_;
     saved[prefix + "scale"] = scale_;
+    saved[prefix + "pending_amax"] = pending_amax_;
   }
 }
 
@@ -134,6 +149,7 @@ TensorScaling TensorScaling::load_from(torch::autograd::AutogradContext* context
   if (scaling.delayed()) {
     scaling.amax_history_ = saved[prefix + "history"].toTensor();
     scaling.scale_ = saved[prefix + "scale"].toTensor();
+    scaling.pending_amax_ = saved[prefix + "pending_amax"].toTensor();
   }
   return scaling;
 }

@@ -42,6 +42,7 @@ class TensorScaling {
   void to(const c10::Device& device);
 
   bool delayed() const { return options_.scaling() == Float8Scaling::kDelayed; }
+  bool use_max() const { return options_.amax_compute() == AmaxCompute::kMax; }
   at::Tensor& amax_history() { return amax_history_; }
   at::Tensor& scale() { return scale_; }
 
@@ -50,10 +51,14 @@ class TensorScaling {
   static TensorScaling load_from(torch::autograd::AutogradContext* context, const std::string& prefix);
 
  private:
+  /// What delayed scaling's amax maps to: the largest finite value / 2^margin.
+  double scale_target() const;
+
   Float8Options options_;
   c10::ScalarType float8_dtype_ = c10::ScalarType::Undefined;
   at::Tensor amax_history_;  // [amax_history_len] fp32, newest first
   at::Tensor scale_;         // 0-dim fp32
+  at::Tensor pending_amax_;  // 0-dim fp32: the cast kernel's amax, zero between casts
 };
 
 }  // namespace ddp::detail

@@ -1,5 +1,6 @@
-// The fused FP8 cast kernel against ATen's unfused expression, bit for bit,
-// and Float8Linear's use of it: the transposes and amaxes it asks for.
+// The fused FP8 cast and delayed-scaling kernels against ATen's unfused
+// expressions, bit for bit, and Float8Linear's use of them: the transposes
+// and amaxes it asks for.
 
 #include <cmath>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <ddp/ddp.h>
 
 #include "precision/float8_cast.h"
+#include "precision/float8_scaling.h"
 
 namespace {
 
@@ -59,7 +61,8 @@ ddp::detail::Float8CastOutputs make_outputs(int64_t rows, int64_t cols, torch::S
   outputs.transposed = torch::empty({cols, rows}, options);
   outputs.data.view(torch::kByte).fill_(0x7F);
   outputs.transposed.view(torch::kByte).fill_(0x7F);
-  outputs.amax = torch::full({}, -1.0f, torch::TensorOptions().device(kGpu));
+  outputs.amax = torch::zeros({}, torch::TensorOptions().device(kGpu));
+  outputs.inverse_scale = torch::full({}, std::numeric_limits<float>::quiet_NaN(), torch::TensorOptions().device(kGpu));
   return outputs;
 }
 
@@ -80,10 +83,11 @@ TEST(Float8Cast, MatchesTheUnfusedCastBitForBit) {
                                    std::to_string(scale_value);
           const auto reference = (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype);
           auto outputs = make_outputs(rows, cols, format.dtype);
-          ddp::detail::cast_to_float8(x, scale, format.largest, outputs);
+          ddp::detail::cast_to_float8(x, {scale}, format.largest, outputs);
           expect_same_bytes(outputs.data, reference, what + ", data");
           expect_same_bytes(outputs.transposed, reference.t().contiguous(), what + ", transposed");
           EXPECT_EQ(outputs.amax.item<float>(), x.abs().max().item<float>()) << what << ", amax";
+          expect_same_bytes(outputs.inverse_scale, scale.reciprocal(), what + ", inverse scale");
         }
       }
     }
@@ -104,7 +108,7 @@ TEST(Float8Cast, SaturatesAtLargestAndKeepsNaN) {
       // Below the format's largest value: the clamp is the caller's, not the format's.
       const float largest = format.largest / 2;
       auto outputs = make_outputs(16, 32, format.dtype);
-      ddp::detail::cast_to_float8(x, scale, largest, outputs);
+      ddp::detail::cast_to_float8(x, {scale}, largest, outputs);
       const auto data = outputs.data.to(torch::kFloat).cpu();
       EXPECT_EQ(data[0][0].item<float>(), largest) << what;
       EXPECT_EQ(data[1][0].item<float>(), -largest) << what;
@@ -122,10 +126,93 @@ TEST(Float8Cast, WritesOnlyWhatIsAskedFor) {
   const auto scale = torch::ones({}, torch::TensorOptions().device(kGpu));
   ddp::detail::Float8CastOutputs outputs;
   outputs.data = torch::empty({64, 64}, torch::TensorOptions().device(kGpu).dtype(torch::kFloat8_e4m3fn));
-  ddp::detail::cast_to_float8(x, scale, 448.0f, outputs);
+  ddp::detail::cast_to_float8(x, {scale}, 448.0f, outputs);
   expect_same_bytes(outputs.data, (x.to(torch::kFloat) * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn), "data");
   EXPECT_FALSE(outputs.transposed.defined());
   EXPECT_FALSE(outputs.amax.defined());
+  EXPECT_FALSE(outputs.inverse_scale.defined());
+}
+
+/// The amax accumulates: one output taken over two casts is the amax of both.
+TEST(Float8Cast, AmaxAccumulatesAcrossCasts) {
+  const auto scale = torch::ones({}, torch::TensorOptions().device(kGpu));
+  const auto small = torch::full({32, 32}, 2.0f, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+  const auto large = torch::full({32, 32}, -5.0f, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+  auto outputs = make_outputs(32, 32, torch::kFloat8_e4m3fn);
+  ddp::detail::cast_to_float8(large, {scale}, 448.0f, outputs);
+  ddp::detail::cast_to_float8(small, {scale}, 448.0f, outputs);
+  EXPECT_EQ(outputs.amax.item<float>(), 5.0f);
+}
+
+/// Current scaling: the kernel forms largest / amax (and its inverse) as
+/// ATen's ops do, bit for bit, an all-zero tensor's amax being raised to the
+/// minimum instead of giving an infinite scale.
+TEST(Float8Cast, ScaleFromAmaxMatchesTheUnfusedArithmetic) {
+  torch::manual_seed(1);
+  for (const auto& format : kFormats) {
+    for (const bool zero : {false, true}) {
+      const std::string what = std::string(format.name) + (zero ? ", all-zero input" : "");
+      const auto x = zero ? torch::zeros({96, 160}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16))
+                          : make_input(96, 160, torch::kBFloat16);
+      const auto amax = x.abs().max().to(torch::kFloat);
+      const auto scale = format.largest / amax.clamp_min(ddp::detail::kFloat8MinAmax);
+      auto outputs = make_outputs(96, 160, format.dtype);
+      ddp::detail::cast_to_float8(x, {amax, /*from_amax=*/true}, format.largest, outputs);
+      expect_same_bytes(outputs.data, (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype),
+                        what + ", data");
+      expect_same_bytes(outputs.inverse_scale, scale.reciprocal(), what + ", inverse scale");
+    }
+  }
+}
+
+/// Delayed scaling's fused bookkeeping (cast kernel + update_amax_history)
+/// against the ATen path, which a 3-D input takes on the same GPU: the same
+/// FP8 bytes, inverse scales, amax histories and scales after every cast.
+/// Histories longer than the update kernel's block, both amax rules, a
+/// margin, and an all-zero tensor, which must keep the scale.
+TEST(Float8Cast, DelayedScalingBookkeepingMatchesTheAtenPath) {
+  torch::manual_seed(2);
+  const ddp::Float8Options recipes[] = {
+      ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(16),
+      ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(600).margin(2),
+      ddp::Float8Options()
+          .scaling(ddp::Float8Scaling::kDelayed)
+          .amax_history_len(600)
+          .amax_compute(ddp::AmaxCompute::kMostRecent),
+      ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(1),
+  };
+  for (const auto& recipe : recipes) {
+    for (const auto& format : kFormats) {
+      const std::string what = std::string(format.name) + ", history " + std::to_string(recipe.amax_history_len()) +
+                               (recipe.amax_compute() == ddp::AmaxCompute::kMax ? " max" : " most recent") +
+                               ", margin " + std::to_string(recipe.margin());
+      ddp::detail::TensorScaling fused(recipe, format.dtype, kGpu);
+      ddp::detail::TensorScaling unfused(recipe, format.dtype, kGpu);
+      for (int step = 0; step < 40; ++step) {
+        const std::string at_step = what + ", cast " + std::to_string(step);
+        // Amaxes that rise and fall over the steps, and one all-zero tensor.
+        auto x = make_input(64, 96, torch::kBFloat16) * (1 + step % 7) / (1 + step % 5);
+        if (step == 11) x.zero_();
+        const auto expected = unfused.cast(x.unsqueeze(0));
+        const auto actual = fused.cast(x, /*with_transposed=*/true);
+        expect_same_bytes(actual.data, expected.data.squeeze(0), at_step + ", data");
+        expect_same_bytes(actual.transposed, expected.data.squeeze(0).t().contiguous(), at_step + ", transposed");
+        expect_same_bytes(actual.inverse_scale, expected.inverse_scale, at_step + ", inverse scale");
+        expect_same_bytes(fused.amax_history(), unfused.amax_history(), at_step + ", amax history");
+        expect_same_bytes(fused.scale(), unfused.scale(), at_step + ", scale");
+        if (::testing::Test::HasFailure()) return;
+      }
+      // After a reduction across ranks the scale is recomputed from the history alone.
+      fused.amax_history().mul_(3);
+      unfused.amax_history().mul_(3);
+      fused.refresh_scale();
+      unfused.amax_history() = unfused.amax_history().cpu();
+      unfused.scale() = unfused.scale().cpu();
+      unfused.refresh_scale();
+      expect_same_bytes(fused.scale(), unfused.scale(), what + ", scale refreshed from the history");
+      expect_same_bytes(fused.amax_history(), unfused.amax_history(), what + ", history left alone by the refresh");
+    }
+  }
 }
 
 /// Forward without grad mode, or with an input that needs no gradient,
