@@ -43,8 +43,9 @@ torch::Tensor make_input(int64_t rows, int64_t cols, torch::ScalarType dtype) {
 /// Both as bytes: equal, or the number of differing bytes and the first.
 void expect_same_bytes(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const auto a = actual.contiguous().view(torch::kByte).cpu().view(-1);
-  const auto e = expected.contiguous().view(torch::kByte).cpu().view(-1);
+  // Flat first: a 0-dim tensor cannot be viewed as bytes of another size.
+  const auto a = actual.contiguous().view(-1).view(torch::kByte).cpu();
+  const auto e = expected.contiguous().view(-1).view(torch::kByte).cpu();
   const auto differ = a.ne(e).nonzero();
   if (differ.numel() == 0) return;
   const int64_t first = differ[0].item<int64_t>();
