@@ -344,9 +344,10 @@ int main(int argc, char** argv) try {
   exposed.erase(exposed.begin(), exposed.begin() + static_cast<std::ptrdiff_t>(std::min(timed_from, exposed.size())));
   if (!flags.str("profile-trace").empty()) {
     // Every rank runs the step (DDP's collectives need all of them); rank 0 records it.
+    // The reported loss stays the last timed step's, with or without profiling.
     const auto profiled_step = [&] {
-      loss = step.forward_loss();
-      loss.backward();
+      const at::Tensor profiled_loss = step.forward_loss();
+      profiled_loss.backward();
       step.optimizer_step();
       synchronize(*process_group);
     };

@@ -253,7 +253,7 @@ void Reducer::mark_ready(std::size_t index, bool used) {
     bucket.views[slot].zero_();  // contributes nothing; the parameter keeps no gradient unless another rank used it
   }
   if (--bucket.pending == 0) {
-    gather_into_bucket(bucket);
+    if (config_.reduce) gather_into_bucket(bucket);
     launch_ready_buckets();
   }
 }
