@@ -167,11 +167,11 @@ TEST(Float8Cast, ScaleFromAmaxMatchesTheUnfusedArithmetic) {
 }
 
 /// Delayed scaling's fused bookkeeping (cast kernel + update_amax_history)
-/// against the ATen path, which a 3-D input takes on the same GPU: the same
-/// FP8 bytes, inverse scales, amax histories and scales after every cast.
-/// Histories longer than the update kernel's block, both amax rules, a
-/// margin, and an all-zero tensor, which must keep the scale.
-TEST(Float8Cast, DelayedScalingBookkeepingMatchesTheAtenPath) {
+/// against the same bookkeeping written in ATen ops here: the same FP8 bytes,
+/// inverse scales, amax histories and scales after every cast. Histories
+/// longer than the update kernel's block, both amax rules, a margin, and an
+/// all-zero tensor, which must keep the scale.
+TEST(Float8Cast, DelayedScalingBookkeepingMatchesAtenOps) {
   torch::manual_seed(2);
   const ddp::Float8Options recipes[] = {
       ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(16),
@@ -182,36 +182,46 @@ TEST(Float8Cast, DelayedScalingBookkeepingMatchesTheAtenPath) {
           .amax_compute(ddp::AmaxCompute::kMostRecent),
       ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(1),
   };
+  const auto fp32 = torch::TensorOptions().device(kGpu).dtype(torch::kFloat);
   for (const auto& recipe : recipes) {
     for (const auto& format : kFormats) {
       const std::string what = std::string(format.name) + ", history " + std::to_string(recipe.amax_history_len()) +
                                (recipe.amax_compute() == ddp::AmaxCompute::kMax ? " max" : " most recent") +
                                ", margin " + std::to_string(recipe.margin());
-      ddp::detail::TensorScaling fused(recipe, format.dtype, kGpu);
-      ddp::detail::TensorScaling unfused(recipe, format.dtype, kGpu);
+      const double target = format.largest / std::ldexp(1.0, recipe.margin());
+      // Transformer Engine's DelayedScaling: newest amax first, scale from
+      // the history's max (or newest), unchanged while that amax is zero.
+      const auto scale_from = [&](const torch::Tensor& history, const torch::Tensor& old_scale) {
+        const auto amax = recipe.amax_compute() == ddp::AmaxCompute::kMax ? history.max() : history[0];
+        return torch::where(amax > 0, target / amax.clamp_min(ddp::detail::kFloat8MinAmax), old_scale);
+      };
+      auto history = torch::zeros({recipe.amax_history_len()}, fp32);
+      auto scale = torch::ones({}, fp32);
+      ddp::detail::TensorScaling scaling(recipe, format.dtype, kGpu);
       for (int step = 0; step < 40; ++step) {
         const std::string at_step = what + ", cast " + std::to_string(step);
         // Amaxes that rise and fall over the steps, and one all-zero tensor.
         auto x = make_input(64, 96, torch::kBFloat16) * (1 + step % 7) / (1 + step % 5);
         if (step == 11) x.zero_();
-        const auto expected = unfused.cast(x.unsqueeze(0));
-        const auto actual = fused.cast(x, /*with_transposed=*/true);
-        expect_same_bytes(actual.data, expected.data.squeeze(0), at_step + ", data");
-        expect_same_bytes(actual.transposed, expected.data.squeeze(0).t().contiguous(), at_step + ", transposed");
-        expect_same_bytes(actual.inverse_scale, expected.inverse_scale, at_step + ", inverse scale");
-        expect_same_bytes(fused.amax_history(), unfused.amax_history(), at_step + ", amax history");
-        expect_same_bytes(fused.scale(), unfused.scale(), at_step + ", scale");
+        const auto expected = (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype);
+        const auto expected_inverse = scale.reciprocal();
+        history = torch::cat({x.abs().max().to(torch::kFloat).reshape({1}), history.narrow(0, 0, history.size(0) - 1)});
+        scale = scale_from(history, scale);
+
+        const auto actual = scaling.cast(x, /*with_transposed=*/true);
+        expect_same_bytes(actual.data, expected, at_step + ", data");
+        expect_same_bytes(actual.transposed, expected.t().contiguous(), at_step + ", transposed");
+        expect_same_bytes(actual.inverse_scale, expected_inverse, at_step + ", inverse scale");
+        expect_same_bytes(scaling.amax_history(), history, at_step + ", amax history");
+        expect_same_bytes(scaling.scale(), scale, at_step + ", scale");
         if (::testing::Test::HasFailure()) return;
       }
       // After a reduction across ranks the scale is recomputed from the history alone.
-      fused.amax_history().mul_(3);
-      unfused.amax_history().mul_(3);
-      fused.refresh_scale();
-      unfused.amax_history() = unfused.amax_history().cpu();
-      unfused.scale() = unfused.scale().cpu();
-      unfused.refresh_scale();
-      expect_same_bytes(fused.scale(), unfused.scale(), what + ", scale refreshed from the history");
-      expect_same_bytes(fused.amax_history(), unfused.amax_history(), what + ", history left alone by the refresh");
+      scaling.amax_history().mul_(3);
+      history.mul_(3);
+      scaling.refresh_scale();
+      expect_same_bytes(scaling.scale(), scale_from(history, scale), what + ", scale refreshed from the history");
+      expect_same_bytes(scaling.amax_history(), history, what + ", history left alone by the refresh");
     }
   }
 }
