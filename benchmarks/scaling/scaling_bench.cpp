@@ -212,7 +212,8 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   workload.unit = "img/s";
   workload.items_per_rank = static_cast<double>(batch);
   for (const auto& p : model->parameters()) workload.params += p.numel();
-  workload.json_fields = fmt::format("\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}", image);
+  workload.json_fields = fmt::format(
+      "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null", image);
   return workload;
 }
 
@@ -230,13 +231,15 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   const std::int64_t seq = config.max_seq_len;
   llama::Llama model(config);
   model->to(device);
+  ddp::Float8Scaling float8_scaling{};
+  try {
+    float8_scaling = llama::float8_scaling_named(flags.str("fp8-scaling"));
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
   std::string fp8_scaling = "null";
   if (policy.uses_float8()) {
-    try {
-      llama::enable_float8_training(*model, llama::float8_scaling_named(flags.str("fp8-scaling")));
-    } catch (const std::invalid_argument& e) {
-      flags.fail(e.what());
-    }
+    llama::enable_float8_training(*model, float8_scaling);
     fp8_scaling = "\"" + flags.str("fp8-scaling") + "\"";
   }
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<llama::Llama>>(model, process_group, options);
@@ -250,6 +253,13 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
     ddp::PrecisionGuard guard(policy, device);
     return llama::next_token_loss((*ddp_model)(inputs), targets);
   });
+  if (policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed) {
+    // As train_llama: the ranks agree on their FP8 scales before each optimizer step.
+    workload.step.optimizer_step = [module = model.ptr(), process_group, step = workload.step.optimizer_step] {
+      ddp::float8::all_reduce_amaxes(*module, *process_group);
+      step();
+    };
+  }
   workload.unit = "tok/s";
   workload.items_per_rank = static_cast<double>(batch * seq);
   workload.params = config.parameter_count();

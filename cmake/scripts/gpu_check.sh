@@ -41,6 +41,7 @@ step precision build/gpu/benchmarks/precision/precision_bench --json "$out/preci
 # bf16, and a short training run of a small decoder (loss against bf16's).
 fp8_recipes() {
   local run="build/gpu/libddp/ddprun --nproc-per-node 1 --standalone" p scaling rc=0
+  : > "$out/fp8-recipes-throughput.jsonl"
   for p in bf16 fp8:current fp8:delayed; do
     scaling=${p#*:}; [[ $p == bf16 ]] && scaling=delayed
     $run build/gpu/benchmarks/scaling/scaling_bench --model llama --precision ${p%%:*} --fp8-scaling $scaling \

@@ -17,7 +17,7 @@ namespace llama {
 
 /// FP8 in every linear layer but the output head, which stays in bf16 as
 /// Transformer Engine and torchao recommend: its logits feed the softmax
-/// directly. `scaling`: the recipe (Float8Options' defaults otherwise).
+/// directly. `scaling`: the recipe, with Float8Options' defaults for the rest.
 ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling);
 
 /// "current" or "delayed", the value of the --fp8-scaling flag; throws

@@ -157,6 +157,7 @@ int main(int argc, char** argv) try {
                 std::log(static_cast<double>(config.vocab_size)));
   }
 
+  const bool agree_on_float8_scales = policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed;
   examples::TrainingCallbacks callbacks;
   callbacks.micro_step = [&](bool sync, ddp::GradScaler& scaler, double loss_weight) {
     const data::TokenBatch tokens = train_data->next();
@@ -164,6 +165,9 @@ int main(int argc, char** argv) try {
     if (!sync) no_sync.emplace(ddp_model.no_sync());
     const at::Tensor loss = next_token_loss(ddp_model, tokens, device, policy, /*through_ddp=*/true);
     scaler.scale(loss * loss_weight).backward();
+    // Delayed scaling: every rank then casts with the same scales, and rank
+    // 0's checkpoint holds every rank's FP8 state, so --resume is exact.
+    if (agree_on_float8_scales) ddp::float8::all_reduce_amaxes(*model, *process_group);
     return loss.detach();
   };
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };

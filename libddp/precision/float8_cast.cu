@@ -237,7 +237,7 @@ constexpr int kHistoryThreads = 256;
 /// Engine's default is 1024 entries) and one launch per cast is the point.
 __global__ void __launch_bounds__(kHistoryThreads)
     update_amax_history_kernel(float* __restrict__ history, int64_t length, float* __restrict__ amax,
-                               float* __restrict__ scale, float largest, bool use_max) {
+                               float* __restrict__ scale, float target, bool use_max) {
   __shared__ float newest;
   __shared__ int warp_max[kHistoryThreads / 32];
   if (threadIdx.x == 0 && amax != nullptr) {
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kHistoryThreads)
     for (int w = 1; w < kHistoryThreads / 32; ++w) max_bits = max(max_bits, warp_max[w]);
     // The history holds amaxes (>= 0 or NaN), so the bits' maximum is theirs.
     const float history_amax = use_max ? __int_as_float(max_bits) : (amax != nullptr ? newest : history[0]);
-    if (history_amax > 0.0f) *scale = largest / at_least_min_amax(history_amax);
+    if (isfinite(history_amax) && history_amax > 0.0f) *scale = target / at_least_min_amax(history_amax);
   }
 }
 
@@ -281,7 +281,7 @@ void check_scalar(const at::Tensor& tensor, const at::Tensor& input, const char*
 
 }  // namespace
 
-void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float largest,
+void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float target,
                          bool use_max) {
   const char* const what = "update_amax_history: ";
   TORCH_CHECK(history.is_cuda() && history.dim() == 1 && history.numel() > 0 && history.is_contiguous() &&
@@ -293,7 +293,7 @@ void update_amax_history(const at::Tensor& history, const at::Tensor& amax, cons
   const c10::cuda::CUDAGuard device_guard(history.device());
   update_amax_history_kernel<<<1, kHistoryThreads, 0, c10::cuda::getCurrentCUDAStream(history.get_device())>>>(
       history.data_ptr<float>(), history.numel(), amax.defined() ? amax.data_ptr<float>() : nullptr,
-      scale.data_ptr<float>(), largest, use_max);
+      scale.data_ptr<float>(), target, use_max);
   check_cuda(cudaGetLastError(), "update_amax_history_kernel<<<...>>>");
 }
 

@@ -57,12 +57,14 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
 /// where ATen takes a roll, two copies and five 1-element kernels: shifts
 /// `history` (fp32, newest first) by one, enters *amax as its newest entry
 /// and zeroes *amax for the next cast to accumulate into; then sets
-/// scale = largest / max(history's amax, kFloat8MinAmax), the history's
-/// amax being its maximum (use_max) or its newest entry. An amax that is
-/// not > 0 (nothing recorded yet, an all-zero tensor, NaN) keeps the old
-/// scale. With `amax` undefined the history is left as it is and only the
-/// scale is recomputed (after the amaxes were reduced across ranks).
-void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float largest,
+/// scale = target / max(history's amax, kFloat8MinAmax), the history's
+/// amax being its maximum (use_max) or its newest entry, and target the
+/// format's largest value / 2^margin. An amax that is not finite and > 0
+/// (nothing recorded yet, an all-zero tensor, an overflow, NaN) keeps the
+/// old scale, as in Transformer Engine. With `amax` undefined the history is
+/// left as it is and only the scale is recomputed (after the amaxes were
+/// reduced across ranks).
+void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float target,
                          bool use_max);
 
 }  // namespace ddp::detail

@@ -210,6 +210,13 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
                                  options.in_features(), options.out_features(), c10::str(input.sizes()),
                                  options.in_features(), rows));
   }
+  if (rows == 0) {
+    // Nothing to cast or multiply, and at::_scaled_mm is not asked to take
+    // empty operands: an empty bf16 output, as the FP8 path's, and zero
+    // gradients through ordinary autograd.
+    return torch::nn::functional::linear(input.to(at::kBFloat16), weight.to(at::kBFloat16),
+                                         bias.defined() ? bias.to(at::kBFloat16) : at::Tensor());
+  }
   // Decided here: inside the function grad mode is off.
   const bool grad = at::GradMode::is_enabled();
   const at::Tensor output =

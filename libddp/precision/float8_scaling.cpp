@@ -19,8 +19,10 @@ double largest_finite(c10::ScalarType float8_dtype) {
   TORCH_CHECK(false, "Float8Linear: ", c10::toString(float8_dtype), " is not an FP8 dtype");
 }
 
-/// max |tensor| as fp32: the inf-norm is one pass over the tensor.
+/// max |tensor| as fp32: the inf-norm is one pass over the tensor. An empty
+/// tensor's is 0 (ATen's inf-norm refuses empty tensors).
 at::Tensor amax_of(const at::Tensor& tensor) {
+  if (tensor.numel() == 0) return at::zeros({}, tensor.options().dtype(at::kFloat));
   return at::linalg_vector_norm(tensor, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
 }
 
@@ -115,8 +117,9 @@ void TensorScaling::refresh_scale() {
   }
 #endif
   const at::Tensor amax = use_max() ? amax_history_.max() : amax_history_.select(0, 0);
-  // A zero amax (nothing seen yet, or an all-zero tensor) keeps the old scale.
-  scale_.copy_(at::where(amax > 0, scale_target() / amax.clamp_min(kFloat8MinAmax), scale_));
+  // A zero amax (nothing seen yet, or an all-zero tensor) keeps the old
+  // scale, and so does an overflow: an infinite amax would zero the scale.
+  scale_.copy_(at::where(amax.isfinite() & (amax > 0), scale_target() / amax.clamp_min(kFloat8MinAmax), scale_));
 }
 
 void TensorScaling::to(const c10::Device& device) {

@@ -170,7 +170,7 @@ TEST(Float8Cast, ScaleFromAmaxMatchesTheUnfusedArithmetic) {
 /// against the same bookkeeping written in ATen ops here: the same FP8 bytes,
 /// inverse scales, amax histories and scales after every cast. Histories
 /// longer than the update kernel's block, both amax rules, a margin, and an
-/// all-zero tensor, which must keep the scale.
+/// all-zero tensor and an overflow, which must keep the scale.
 TEST(Float8Cast, DelayedScalingBookkeepingMatchesAtenOps) {
   torch::manual_seed(2);
   const ddp::Float8Options recipes[] = {
@@ -193,16 +193,19 @@ TEST(Float8Cast, DelayedScalingBookkeepingMatchesAtenOps) {
       // the history's max (or newest), unchanged while that amax is zero.
       const auto scale_from = [&](const torch::Tensor& history, const torch::Tensor& old_scale) {
         const auto amax = recipe.amax_compute() == ddp::AmaxCompute::kMax ? history.max() : history[0];
-        return torch::where(amax > 0, target / amax.clamp_min(ddp::detail::kFloat8MinAmax), old_scale);
+        return torch::where(amax.isfinite() & (amax > 0), target / amax.clamp_min(ddp::detail::kFloat8MinAmax),
+                            old_scale);
       };
       auto history = torch::zeros({recipe.amax_history_len()}, fp32);
       auto scale = torch::ones({}, fp32);
       ddp::detail::TensorScaling scaling(recipe, format.dtype, kGpu);
       for (int step = 0; step < 40; ++step) {
         const std::string at_step = what + ", cast " + std::to_string(step);
-        // Amaxes that rise and fall over the steps, and one all-zero tensor.
+        // Amaxes that rise and fall over the steps, one all-zero tensor and
+        // one overflow (an infinite amax), both of which must keep the scale.
         auto x = make_input(64, 96, torch::kBFloat16) * (1 + step % 7) / (1 + step % 5);
         if (step == 11) x.zero_();
+        if (step == 23) x[5][7] = std::numeric_limits<float>::infinity();
         const auto expected = (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype);
         const auto expected_inverse = scale.reciprocal();
         history = torch::cat({x.abs().max().to(torch::kFloat).reshape({1}), history.narrow(0, 0, history.size(0) - 1)});
@@ -251,6 +254,27 @@ TEST(Float8Linear, SkippedTransposesChangeNoResult) {
   EXPECT_TRUE(torch::equal(untracked_output.detach(), output.detach())) << "forward of an input without grad";
   untracked_output.backward(grad_output);
   EXPECT_TRUE(torch::equal(layer->weight.grad(), grad_weight)) << "weight gradient of an input without grad";
+}
+
+/// A batch without rows (the last, short shard of a dataset) gives an empty
+/// bf16 output and zero gradients under both recipes, and leaves the FP8
+/// state as it was.
+TEST(Float8Linear, EmptyBatchGivesAnEmptyOutputAndZeroGradients) {
+  for (const auto scaling : {ddp::Float8Scaling::kCurrent, ddp::Float8Scaling::kDelayed}) {
+    const std::string what = scaling == ddp::Float8Scaling::kCurrent ? "current scaling" : "delayed scaling";
+    ddp::Float8Linear layer(torch::nn::LinearOptions(256, 512), ddp::Float8Options().scaling(scaling));
+    layer->to(kGpu);
+    const auto input =
+        torch::empty({0, 256}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16)).requires_grad_();
+    const auto output = layer(input);
+    EXPECT_EQ(output.sizes(), (std::vector<int64_t>{0, 512})) << what;
+    EXPECT_EQ(output.scalar_type(), torch::kBFloat16) << what;
+    output.sum().backward();
+    ASSERT_TRUE(layer->weight.grad().defined()) << what;
+    EXPECT_EQ(layer->weight.grad().abs().max().item<float>(), 0.0f) << what;
+    EXPECT_EQ(input.grad().sizes(), input.sizes()) << what;
+    for (const auto& amax : layer->latest_amaxes()) EXPECT_EQ(amax.item<float>(), 0.0f) << what;
+  }
 }
 
 /// Delayed scaling takes the amax in the cast's own pass.
