@@ -77,6 +77,44 @@ TEST(DdpNccl, MisuseIsReported) {
   }));
 }
 
+// Delayed FP8 scaling: after all_reduce_amaxes every rank holds the largest
+// amax of any rank, and then casts alike: the same input gives the same
+// output on both ranks although each rank saw different values before.
+TEST(DdpNccl, Float8AmaxesAgreeAcrossRanks) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl();
+    torch::manual_seed(0);  // the same weights on both ranks
+    ddp::Float8Linear layer(torch::nn::LinearOptions(64, 32).bias(false),
+                            ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4));
+    layer->to(pg->device());
+    const auto bf16 = torch::TensorOptions().device(pg->device()).dtype(torch::kBFloat16);
+    // Amaxes 2 and 3 (input), 5 and 6 (output gradient): not a power of two
+    // apart, so the two ranks' own scales would round the probe differently.
+    const auto input = torch::full({16, 64}, 2.0 + rank, bf16).requires_grad_();
+    layer(input).backward(torch::full({16, 32}, 5.0 + rank, bf16));
+    ddp::float8::all_reduce_amaxes(*layer, *pg);
+
+    const auto amaxes = layer->latest_amaxes();
+    require(amaxes.size() == 3, "expected the input, weight and output-gradient amaxes");
+    require(amaxes[0].item<float>() == 3.0f, "input amax " + std::to_string(amaxes[0].item<float>()) + ", expected 3");
+    require(amaxes[1].item<float>() == layer->weight.abs().max().item<float>(), "weight amax changed");
+    require(amaxes[2].item<float>() == 6.0f,
+            "output-gradient amax " + std::to_string(amaxes[2].item<float>()) + ", expected 6");
+
+    torch::manual_seed(1);  // the same probe on both ranks
+    const auto probe = torch::randn({16, 64}, bf16);
+    const auto output = [&] {
+      torch::NoGradGuard no_grad;
+      return layer(probe).to(torch::kFloat);
+    }();
+    auto highest = output.clone(), negated_lowest = -output;
+    pg->communicator().all_reduce(highest, ddp::ReduceOp::kMax)->wait();
+    pg->communicator().all_reduce(negated_lowest, ddp::ReduceOp::kMax)->wait();
+    require(torch::equal(highest, output) && torch::equal(-negated_lowest, output),
+            "the ranks cast the same probe differently after agreeing on their amaxes");
+  }));
+}
+
 TEST(DdpNccl, TimelineRecordsEveryBucketReductionAndWritesATrace) {
   expect_all_succeeded(run_ranks(2, [](int rank) {
     auto pg = init_nccl();
