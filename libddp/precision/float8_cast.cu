@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(kThreads)
         words[w] = to_float8x4<kFormat>(v[0], v[1], v[2], v[3]);
         if constexpr (kTransposed) tile[tile_row * kTileStrideWords + tile_col / 4 + w] = words[w];
       }
+      if (out == nullptr) continue;
       if (full) {
         if constexpr (kVector == 8) {
           *reinterpret_cast<uint2*>(out + offset) = make_uint2(words[0], words[1]);
@@ -309,12 +310,15 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
   const int64_t rows = input.size(0);
   const int64_t cols = input.size(1);
   const at::Tensor& out = outputs.data;
-  const c10::ScalarType float8_dtype = out.scalar_type();
+  const at::Tensor& out_t = outputs.transposed;
+  TORCH_CHECK(out.defined() || out_t.defined(), what, "data, transposed or both must be given");
+  const c10::ScalarType float8_dtype = (out.defined() ? out : out_t).scalar_type();
   TORCH_CHECK(float8_dtype == at::kFloat8_e4m3fn || float8_dtype == at::kFloat8_e5m2, what,
               "data must be float8_e4m3fn or float8_e5m2, got ", float8_dtype);
-  TORCH_CHECK(out.device() == input.device() && out.sizes() == input.sizes() && out.is_contiguous(), what,
-              "data must be contiguous ", input.sizes(), " on ", input.device());
-  const at::Tensor& out_t = outputs.transposed;
+  if (out.defined()) {
+    TORCH_CHECK(out.device() == input.device() && out.sizes() == input.sizes() && out.is_contiguous(), what,
+                "data must be contiguous ", input.sizes(), " on ", input.device());
+  }
   if (out_t.defined()) {
     TORCH_CHECK(out_t.device() == input.device() && out_t.scalar_type() == float8_dtype && out_t.dim() == 2 &&
                     out_t.size(0) == cols && out_t.size(1) == rows && out_t.is_contiguous(),
@@ -342,8 +346,8 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
   l.cols = cols;
   l.col_tiles = col_tiles;
   const int64_t vector = 16 / static_cast<int64_t>(input.element_size());
-  l.vectorized = cols % vector == 0 && aligned(l.input, 16) && aligned(out.data_ptr(), vector);
-  l.out = static_cast<uint8_t*>(out.data_ptr());
+  l.out = out.defined() ? static_cast<uint8_t*>(out.data_ptr()) : nullptr;
+  l.vectorized = cols % vector == 0 && aligned(l.input, 16) && aligned(l.out, vector);
   l.out_t = out_t.defined() ? static_cast<uint8_t*>(out_t.data_ptr()) : nullptr;
   l.rows_aligned = rows % 4 == 0 && (l.out_t == nullptr || aligned(l.out_t, 4));
   l.amax = amax.defined() ? amax.data_ptr<float>() : nullptr;

@@ -28,10 +28,11 @@ struct Float8CastScale {
 /// What cast_to_float8 writes; undefined members are not written.
 struct Float8CastOutputs {
   /// [M, K] row-major; its dtype (at::kFloat8_e4m3fn or at::kFloat8_e5m2)
-  /// picks the format.
+  /// picks the format. May be undefined where only the transpose is needed.
   at::Tensor data;
   /// [K, M] row-major, the same dtype and values: the transpose, or what
-  /// at::_scaled_mm reads as `data` in column-major order.
+  /// at::_scaled_mm reads as `data` in column-major order. At least one of
+  /// data and transposed must be given.
   at::Tensor transposed;
   /// 0-dim fp32: max |input| (NaN if the input has one), before scaling,
   /// max-accumulated into what it holds: zero it beforehand.

@@ -120,7 +120,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     // [N, M] is dY^T row-major, the first operand of dW = dY^T x.
     const at::Tensor grad_rows = grad_outputs[0].reshape({-1, out_features}).contiguous();
     TensorScaling grad_scaling = TensorScaling::load_from(context, "grad_output.");
-    const Float8Tensor grad8 = grad_scaling.cast(grad_rows, /*with_transposed=*/input_t.defined());
+    const Float8Tensor grad8 =
+        grad_scaling.cast(grad_rows, /*with_transposed=*/input_t.defined(), /*with_data=*/weight_t.defined());
 
     at::Tensor grad_input;
     if (weight_t.defined()) {

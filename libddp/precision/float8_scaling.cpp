@@ -64,7 +64,8 @@ double TensorScaling::scale_target() const {
   return largest_finite(float8_dtype_) / std::ldexp(1.0, options_.margin());
 }
 
-Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed) {
+Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed, bool with_data) {
+  TORCH_CHECK(with_data || with_transposed, "TensorScaling::cast: asked for neither the data nor its transpose");
   const double largest = largest_finite(float8_dtype_);
 #ifdef DDP_WITH_CUDA_KERNELS
   if (fits_cast_kernel(tensor)) {
@@ -74,8 +75,9 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed)
     // kernels (about 12 launches per cast under delayed scaling).
     const at::Tensor input = tensor.contiguous();
     Float8CastOutputs outputs;
-    outputs.data = at::empty(input.sizes(), input.options().dtype(float8_dtype_));
-    if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, outputs.data.options());
+    const auto float8 = input.options().dtype(float8_dtype_);
+    if (with_data) outputs.data = at::empty(input.sizes(), float8);
+    if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, float8);
     outputs.inverse_scale = at::empty({}, input.options().dtype(at::kFloat));
     if (delayed()) {
       // The scale comes from earlier amaxes, so values may exceed the

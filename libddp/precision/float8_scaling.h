@@ -30,8 +30,10 @@ class TensorScaling {
   /// Casts the matrix `tensor` to FP8 with a scale that maps its amax
   /// (current scaling) or the amax of the history (delayed) to the format's
   /// largest value, and records the amax in the history. with_transposed:
-  /// also gives the transpose, written in the same pass on the GPU.
-  Float8Tensor cast(const at::Tensor& tensor, bool with_transposed = false);
+  /// also gives the transpose, written in the same pass on the GPU;
+  /// with_data false leaves out the row-major copy (on the GPU) where only
+  /// the transpose is needed.
+  Float8Tensor cast(const at::Tensor& tensor, bool with_transposed = false, bool with_data = true);
 
   /// Delayed scaling: the newest entry of the amax history (a view), and the
   /// recomputation of the scale from the history. Undefined / no-op for

@@ -132,6 +132,17 @@ TEST(Float8Cast, WritesOnlyWhatIsAskedFor) {
   EXPECT_FALSE(outputs.transposed.defined());
   EXPECT_FALSE(outputs.amax.defined());
   EXPECT_FALSE(outputs.inverse_scale.defined());
+
+  // Only the transpose (an output gradient when no input gradient is needed).
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 64}, {37, 29}}) {
+    const auto y = make_input(rows, cols, torch::kBFloat16);
+    ddp::detail::Float8CastOutputs transposed_only;
+    transposed_only.transposed = torch::empty({cols, rows}, torch::TensorOptions().device(kGpu).dtype(torch::kFloat8_e5m2));
+    ddp::detail::cast_to_float8(y, {scale}, 57344.0f, transposed_only);
+    expect_same_bytes(transposed_only.transposed,
+                      (y.to(torch::kFloat) * scale).clamp(-57344, 57344).to(torch::kFloat8_e5m2).t().contiguous(),
+                      "transposed only, " + std::to_string(rows) + "x" + std::to_string(cols));
+  }
 }
 
 /// The amax accumulates: one output taken over two casts is the amax of both.
