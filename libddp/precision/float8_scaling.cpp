@@ -99,7 +99,9 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
     return convert_with_aten(tensor, largest / amax_of(tensor).clamp_min(kFloat8MinAmax), largest, float8_dtype_,
                              with_transposed);
   }
-  Float8Tensor result = convert_with_aten(tensor, scale_.clone(), largest, float8_dtype_, with_transposed);
+  // The conversion and the inverse scale are computed before the refresh
+  // below changes scale_ in place, so they need no copy of it.
+  Float8Tensor result = convert_with_aten(tensor, scale_, largest, float8_dtype_, with_transposed);
   amax_history_.copy_(amax_history_.roll(1));
   amax_history_.narrow(0, 0, 1).copy_(amax_of(tensor));
   refresh_scale();
