@@ -288,6 +288,39 @@ TEST(Float8Linear, EmptyBatchGivesAnEmptyOutputAndZeroGradients) {
   }
 }
 
+/// An fp64 input takes the ATen fallback of the casts (the kernels take
+/// bf16, fp16 and fp32): with values that fp32 holds exactly, a delayed-
+/// scaling layer must give the same outputs, weight gradients and amaxes over
+/// several steps, its scales evolving, as the same layer fed fp32.
+TEST(Float8Linear, AtenFallbackOfDelayedScalingMatchesTheKernels) {
+  torch::manual_seed(6);
+  const auto recipe = ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4);
+  ddp::Float8Linear kernels(torch::nn::LinearOptions(128, 64).bias(false), recipe);
+  ddp::Float8Linear fallback(torch::nn::LinearOptions(128, 64).bias(false), recipe);
+  kernels->to(kGpu);
+  fallback->to(kGpu);
+  {
+    torch::NoGradGuard no_grad;
+    fallback->weight.copy_(kernels->weight);
+  }
+  for (int step = 0; step < 4; ++step) {
+    const std::string what = "step " + std::to_string(step);
+    const auto x = torch::randn({32, 128}, torch::TensorOptions().device(kGpu)) * (1 + step);
+    const auto grad_output = torch::randn({32, 64}, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
+    // No input gradient: at::_scaled_mm has no fp64 output.
+    const auto y32 = kernels(x);
+    const auto y64 = fallback(x.to(torch::kDouble));
+    y32.backward(grad_output);
+    y64.backward(grad_output);
+    expect_same_bytes(y64, y32, what + ", output");
+    expect_same_bytes(fallback->weight.grad(), kernels->weight.grad(), what + ", weight gradient");
+    const auto expected = kernels->latest_amaxes(), actual = fallback->latest_amaxes();
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      expect_same_bytes(actual[i], expected[i], what + ", amax " + std::to_string(i));
+    }
+  }
+}
+
 /// Delayed scaling takes the amax in the cast's own pass.
 TEST(Float8Linear, DelayedScalingRecordsTheInputAmax) {
   torch::manual_seed(5);
