@@ -19,11 +19,13 @@ double largest_finite(c10::ScalarType float8_dtype) {
   TORCH_CHECK(false, "Float8Linear: ", c10::toString(float8_dtype), " is not an FP8 dtype");
 }
 
-/// max |tensor| as fp32: the inf-norm is one pass over the tensor. An empty
-/// tensor's is 0 (ATen's inf-norm refuses empty tensors).
+/// max |tensor| as fp32: the inf-norm is one pass over the tensor. Taken in
+/// the tensor's own dtype (a maximum rounds nothing, and ATen refuses to
+/// narrow fp64 to fp32 inside the norm), then converted. An empty tensor's
+/// is 0 (ATen's inf-norm refuses empty tensors).
 at::Tensor amax_of(const at::Tensor& tensor) {
   if (tensor.numel() == 0) return at::zeros({}, tensor.options().dtype(at::kFloat));
-  return at::linalg_vector_norm(tensor, std::numeric_limits<double>::infinity(), c10::nullopt, false, at::kFloat);
+  return at::linalg_vector_norm(tensor, std::numeric_limits<double>::infinity()).to(at::kFloat);
 }
 
 #ifdef DDP_WITH_CUDA_KERNELS
