@@ -61,6 +61,9 @@ def parse_args():
     parser.add_argument("--precisions", help="comma-separated, applied to every model that supports them "
                                              "(default: resnet50 tf32,bf16; llama tf32,bf16,fp8)")
     parser.add_argument("--impls", default="libddp,pytorch")
+    parser.add_argument("--libddp-unfused", action="store_true",
+                        help="LLaMA: libddp runs RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch runs "
+                             "(scaling_bench --unfused), so that the ratio compares the DDP runtimes alone")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -174,6 +177,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
     if args.device == "cpu":  # both sides default to the GPUs
         bench_args += ["--device", "cpu"]
     if impl == "libddp":
+        if model == "llama" and args.libddp_unfused:
+            bench_args.append("--unfused")
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
                 os.path.join(args.build, "benchmarks", "scaling", "scaling_bench")] + bench_args
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
@@ -332,6 +337,14 @@ def markdown(report, args):
         unit = "img/s" if model == "resnet50" else "tok/s"
         config = (QUICK if args.quick else FULL)[model]
         lines += ["", "## " + model_heading(model, config, unit), ""]
+        fused = {r.get("fused_kernels") for r in rows if r["impl"] == "libddp" and measured(r)}
+        if True in fused:
+            lines += ["libddp ran RMSNorm, RoPE and SwiGLU as its fused CUDA kernels "
+                      "(examples/llama/fused_kernels.cu), PyTorch as stock ATen ops: the ratio includes that "
+                      "difference as well as the runtimes'. `--libddp-unfused` compares the runtimes alone.", ""]
+        elif False in fused:
+            lines += ["libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch (`--libddp-unfused`).",
+                      ""]
         header = ["precision", "GPUs", f"libddp {unit}", f"PyTorch {unit}", "libddp / PyTorch", "libddp eff",
                   "PyTorch eff", "libddp fwd / bwd / comm / opt ms", "PyTorch fwd / bwd / opt ms",
                   "peak GiB libddp / PyTorch"]

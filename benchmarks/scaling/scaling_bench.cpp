@@ -42,6 +42,7 @@
 #include <ddp/ddp.h>
 
 #include "flags.h"
+#include "fused_ops.h"
 #include "llama_model.h"
 #include "llama_training.h"
 #include "progress.h"
@@ -213,7 +214,9 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   workload.items_per_rank = static_cast<double>(batch);
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format(
-      "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null", image);
+      "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
+      "\"fused_kernels\": null",
+      image);
   return workload;
 }
 
@@ -228,6 +231,7 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
     flags.fail(e.what());
   }
   if (flags.given("seq")) config.max_seq_len = flags.integer("seq");
+  config.fused_kernels = !flags.on("unfused");
   const std::int64_t seq = config.max_seq_len;
   llama::Llama model(config);
   model->to(device);
@@ -268,8 +272,9 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   workload.flops_per_item = 6.0 * static_cast<double>(workload.params - config.vocab_size * config.dim) +
                             6.0 * static_cast<double>(config.n_layers * seq * config.dim);
   workload.json_fields =
-      fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}",
-                  flags.str("preset"), seq, fp8_scaling);
+      fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}, "
+                  "\"fused_kernels\": {}",
+                  flags.str("preset"), seq, fp8_scaling, config.fused_kernels && llama::ops::fused_kernels_built() && device.is_cuda());
   return workload;
 }
 
@@ -288,6 +293,7 @@ int main(int argc, char** argv) try {
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
+      .add_switch("unfused", "LLaMA: RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch's reference runs, not fused kernels")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add("json", "", "append the result to this file, one JSON object per line (rank 0)")
       .add("profile-trace", "", "after the timed steps, profile one more and write its Chrome trace here (rank 0)");

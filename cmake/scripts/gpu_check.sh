@@ -3,8 +3,8 @@
 # configure against its python3 torch and NCCL, build, run the GPU tests,
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
-# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes examples
-#   scaling profile
+# STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes
+#   fused_kernels examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
@@ -53,6 +53,21 @@ fp8_recipes() {
   return $rc
 }
 step fp8_recipes fp8_recipes
+# tinyllama-1.1b on one GPU with the fused RMSNorm / RoPE / SwiGLU kernels and
+# with the ATen ops PyTorch's reference runs, bf16 and fp8.
+fused_kernels() {
+  local p variant rc=0
+  : > "$out/fused-kernels.jsonl"
+  for p in bf16 fp8; do
+    for variant in --unfused ""; do
+      # shellcheck disable=SC2086
+      build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench --model llama \
+        --precision $p $variant --json "$out/fused-kernels.jsonl" || rc=1
+    done
+  done
+  return $rc
+}
+step fused_kernels fused_kernels
 # The examples on every GPU in each precision they support, a short run each.
 run_examples() {
   local run="build/gpu/libddp/ddprun --nproc-per-node ${EXAMPLE_GPUS:-gpu} --standalone" p

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compat/torch_compat.h"
+#include "fused_ops.h"
 
 namespace llama {
 namespace {
@@ -179,25 +180,13 @@ std::int64_t LlamaConfig::parameter_count() const {
   return embeddings + n_layers * block + dim;  // and the final norm
 }
 
-RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps) : eps(eps) {
+RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps, bool fused) : eps(eps), fused(fused) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (normed * weight.to(torch::kFloat)).to(x.scalar_type());
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return ops::rms_norm(x, weight, eps, fused); }
 
-torch::Tensor Rotation::apply(const torch::Tensor& x) const {
-  const std::int64_t seq = x.size(1);
-  const torch::Tensor pairs = x.to(torch::kFloat).reshape({x.size(0), seq, x.size(2), -1, 2});
-  const torch::Tensor even = pairs.select(-1, 0);
-  const torch::Tensor odd = pairs.select(-1, 1);
-  const torch::Tensor c = cos.view({1, seq, 1, -1});
-  const torch::Tensor s = sin.view({1, seq, 1, -1});
-  return torch::stack({even * c - odd * s, even * s + odd * c}, -1).flatten(-2).to(x.scalar_type());
-}
+torch::Tensor Rotation::apply(const torch::Tensor& x) const { return ops::rotate_pairs(x, cos, sin, fused); }
 
 RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len, double theta) {
   const auto float64 = torch::TensorOptions().dtype(torch::kDouble);
@@ -208,14 +197,14 @@ RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len
   sin_ = angles.sin().to(torch::kFloat);
 }
 
-Rotation RotaryEmbedding::rotation(std::int64_t seq_len, const c10::Device& device) {
+Rotation RotaryEmbedding::rotation(std::int64_t seq_len, const c10::Device& device, bool fused) {
   TORCH_CHECK(seq_len <= cos_.size(0), "sequence of ", seq_len, " tokens, longer than max_seq_len (", cos_.size(0),
               ")");
   if (cos_.device() != device) {
     cos_ = cos_.to(device);
     sin_ = sin_.to(device);
   }
-  return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len)};
+  return {cos_.narrow(0, 0, seq_len), sin_.narrow(0, 0, seq_len), fused};
 }
 
 AttentionImpl::AttentionImpl(const LlamaConfig& config)
@@ -241,19 +230,20 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rot
   return wo(causal_attention(q, k, v).transpose(1, 2).reshape({batch, seq, n_heads * head_dim}));
 }
 
-FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden) {
+FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fused) : fused(fused) {
   w1 = register_module("w1", linear(dim, hidden));
   w2 = register_module("w2", linear(hidden, dim));
   w3 = register_module("w3", linear(dim, hidden));
 }
 
-torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) { return w2(torch::silu(w1(x)) * w3(x)); }
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) { return w2(ops::swiglu(w1(x), w3(x), fused)); }
 
 TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config) {
-  attention_norm = register_module("attention_norm", RMSNorm(config.dim, config.norm_eps));
+  attention_norm = register_module("attention_norm", RMSNorm(config.dim, config.norm_eps, config.fused_kernels));
   attention = register_module("attention", Attention(config));
-  ffn_norm = register_module("ffn_norm", RMSNorm(config.dim, config.norm_eps));
-  feed_forward = register_module("feed_forward", FeedForward(config.dim, config.ffn_hidden));
+  ffn_norm = register_module("ffn_norm", RMSNorm(config.dim, config.norm_eps, config.fused_kernels));
+  feed_forward =
+      register_module("feed_forward", FeedForward(config.dim, config.ffn_hidden, config.fused_kernels));
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
@@ -267,7 +257,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config)
   tok_embeddings = register_module("tok_embeddings", torch::nn::Embedding(config.vocab_size, config.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (std::int64_t i = 0; i < config.n_layers; ++i) layers->push_back(TransformerBlock(config));
-  norm = register_module("norm", RMSNorm(config.dim, config.norm_eps));
+  norm = register_module("norm", RMSNorm(config.dim, config.norm_eps, config.fused_kernels));
   // A tied head is the embedding's weight itself, not a second module holding
   // it: LibTorch's parameters() does not deduplicate, so a shared tensor
   // registered twice would be counted, and optimized, twice.
@@ -290,7 +280,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config)
 
 torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2, "Llama expects tokens [batch, seq], got ", tokens.sizes());
-  const Rotation rotation = rotary_.rotation(tokens.size(1), tokens.device());
+  const Rotation rotation = rotary_.rotation(tokens.size(1), tokens.device(), config.fused_kernels);
   torch::Tensor h = tok_embeddings(tokens);
   for (std::size_t i = 0; i < layers->size(); ++i) {
     const auto block = layers->ptr<TransformerBlockImpl>(i);

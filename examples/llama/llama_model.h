@@ -34,6 +34,10 @@ struct LlamaConfig {
   bool tie_embeddings = false;
   /// Recompute each block's activations in backward instead of keeping them.
   bool activation_checkpointing = false;
+  /// RMSNorm, the rotary embedding and SwiGLU as fused kernels on CUDA
+  /// tensors where the build has them (fused_ops.h); false runs the ATen ops
+  /// of PyTorch's reference model.
+  bool fused_kernels = true;
 
   /// "tiny" (byte-level, for CPU tests), "tinyllama-1.1b" or "llama2-7b".
   /// std::invalid_argument listing the valid names otherwise.
@@ -45,12 +49,13 @@ struct LlamaConfig {
 };
 
 /// Root-mean-square layer norm with a learned scale. Computed in fp32 whatever
-/// the input's dtype; the output has the input's dtype.
+/// the input's dtype; the output has the input's dtype (but see llama::ops::rms_norm).
 struct RMSNormImpl : torch::nn::Module {
-  RMSNormImpl(std::int64_t dim, double eps);
+  RMSNormImpl(std::int64_t dim, double eps, bool fused = true);
   torch::Tensor forward(const torch::Tensor& x);
 
   double eps;
+  bool fused;
   torch::Tensor weight;
 };
 TORCH_MODULE(RMSNorm);
@@ -64,6 +69,7 @@ struct Rotation {
 
   torch::Tensor cos;
   torch::Tensor sin;
+  bool fused = true;
 };
 
 /// The tables of rotary position embeddings. Not a module: they are a
@@ -75,7 +81,7 @@ class RotaryEmbedding {
  public:
   RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len, double theta);
   /// The rotation of positions [0, seq_len) on `device`.
-  Rotation rotation(std::int64_t seq_len, const c10::Device& device);
+  Rotation rotation(std::int64_t seq_len, const c10::Device& device, bool fused = true);
 
  private:
   torch::Tensor cos_;
@@ -95,9 +101,10 @@ TORCH_MODULE(Attention);
 
 /// SwiGLU: w2(silu(w1 x) * w3 x).
 struct FeedForwardImpl : torch::nn::Module {
-  FeedForwardImpl(std::int64_t dim, std::int64_t hidden);
+  FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fused = true);
   torch::Tensor forward(const torch::Tensor& x);
 
+  bool fused;
   ddp::Float8Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
 };
 TORCH_MODULE(FeedForward);

@@ -1,0 +1,394 @@
+#include "fused_kernels.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "comm/cuda_check.h"
+
+namespace llama::kernels {
+namespace {
+
+using ddp::detail::check_cuda;
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// Round to nearest even, as ATen's conversions do.
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+/// N consecutive elements, loaded and stored as one access (N * sizeof(T) bytes).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+/// The sum of `value` over the block, returned to every thread. Every thread
+/// of the block must call it; blockDim.x a multiple of 32, at most kThreads.
+__device__ float block_sum(float value) {
+  __shared__ float warp_sums[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  __syncthreads();  // a previous call's readers are done with warp_sums
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
+  __syncthreads();
+  float sum = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) sum += warp_sums[w];
+  return sum;
+}
+
+// One block per row: the row (cols <= a few thousand) stays in L1 between the
+// pass that sums its squares and the pass that writes it.
+template <typename In, typename Out, int N>
+__global__ void rms_norm_forward_kernel(const In* __restrict__ x, const float* __restrict__ weight,
+                                        Out* __restrict__ y, float* __restrict__ rstd, int64_t cols, float eps) {
+  const int64_t row_offset = static_cast<int64_t>(blockIdx.x) * cols;
+  const auto* xr = reinterpret_cast<const Pack<In, N>*>(x + row_offset);
+  const auto* w = reinterpret_cast<const Pack<float, N>*>(weight);
+  auto* yr = reinterpret_cast<Pack<Out, N>*>(y + row_offset);
+  const int64_t packs = cols / N;
+  float squares = 0;
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const Pack<In, N> p = xr[i];
+#pragma unroll
+    for (int k = 0; k < N; ++k) squares += to_float(p.v[k]) * to_float(p.v[k]);
+  }
+  const float r = rsqrtf(block_sum(squares) / static_cast<float>(cols) + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+    const Pack<In, N> p = xr[i];
+    const Pack<float, N> wp = w[i];
+    Pack<Out, N> out;
+#pragma unroll
+    for (int k = 0; k < N; ++k) out.v[k] = from_float<Out>(to_float(p.v[k]) * r * wp.v[k]);
+    yr[i] = out;
+  }
+}
+
+// A block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: each thread
+// owns the same columns of every row, so it accumulates the weight gradient
+// of its columns in the block's row of `weight_partials` without atomics,
+// and one ATen sum over the blocks finishes it.
+//   grad_x = rstd * (g * w - xhat * mean(g * w * xhat)),  xhat = x * rstd
+//   grad_w = sum over rows of g * xhat
+template <typename In, typename Out, int N>
+__global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const In* __restrict__ x,
+                                         const float* __restrict__ weight, const float* __restrict__ rstd,
+                                         In* __restrict__ grad_x, float* __restrict__ weight_partials, int64_t rows,
+                                         int64_t cols) {
+  const int64_t packs = cols / N;
+  const auto* w = reinterpret_cast<const Pack<float, N>*>(weight);
+  auto* partial = reinterpret_cast<Pack<float, N>*>(weight_partials + static_cast<int64_t>(blockIdx.x) * cols);
+  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) partial[i] = Pack<float, N>{};
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float r = rstd[row];
+    const auto* xr = reinterpret_cast<const Pack<In, N>*>(x + row * cols);
+    const auto* gr = reinterpret_cast<const Pack<Out, N>*>(grad_y + row * cols);
+    auto* dxr = reinterpret_cast<Pack<In, N>*>(grad_x + row * cols);
+    float dot = 0;
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const Pack<In, N> xp = xr[i];
+      const Pack<Out, N> gp = gr[i];
+      const Pack<float, N> wp = w[i];
+      Pack<float, N> acc = partial[i];
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float xhat = to_float(xp.v[k]) * r;
+        const float g = to_float(gp.v[k]);
+        dot += g * wp.v[k] * xhat;
+        acc.v[k] += g * xhat;
+      }
+      partial[i] = acc;
+    }
+    const float mean_dot = block_sum(dot) / static_cast<float>(cols);
+    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
+      const Pack<In, N> xp = xr[i];
+      const Pack<Out, N> gp = gr[i];
+      const Pack<float, N> wp = w[i];
+      Pack<In, N> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        const float xhat = to_float(xp.v[k]) * r;
+        out.v[k] = from_float<In>(r * (to_float(gp.v[k]) * wp.v[k] - xhat * mean_dot));
+      }
+      dxr[i] = out;
+    }
+  }
+}
+
+// One block per token: its position gives the row of cos and sin, and the
+// threads walk the (head, pair) of that token.
+template <typename T>
+__global__ void rotate_pairs_kernel(const T* __restrict__ x, const float* __restrict__ cos,
+                                    const float* __restrict__ sin, T* __restrict__ y, int seq, int pairs_per_head,
+                                    int pairs_per_token, float sin_sign) {
+  const int64_t token = blockIdx.x;
+  const int64_t angle_row = (token % seq) * pairs_per_head;
+  const auto* in = reinterpret_cast<const Pack<T, 2>*>(x) + token * pairs_per_token;
+  auto* out = reinterpret_cast<Pack<T, 2>*>(y) + token * pairs_per_token;
+  for (int i = threadIdx.x; i < pairs_per_token; i += blockDim.x) {
+    const int j = i % pairs_per_head;
+    const float c = cos[angle_row + j];
+    const float s = sin_sign * sin[angle_row + j];
+    const Pack<T, 2> p = in[i];
+    const float even = to_float(p.v[0]);
+    const float odd = to_float(p.v[1]);
+    Pack<T, 2> r;
+    r.v[0] = from_float<T>(even * c - odd * s);
+    r.v[1] = from_float<T>(even * s + odd * c);
+    out[i] = r;
+  }
+}
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <typename T, int N>
+__global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ y,
+                                      int64_t packs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Pack<T, N> a = reinterpret_cast<const Pack<T, N>*>(gate)[i];
+    const Pack<T, N> b = reinterpret_cast<const Pack<T, N>*>(up)[i];
+    Pack<T, N> out;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float g = to_float(a.v[k]);
+      out.v[k] = from_float<T>(g * sigmoid(g) * to_float(b.v[k]));
+    }
+    reinterpret_cast<Pack<T, N>*>(y)[i] = out;
+  }
+}
+
+//   d/d gate = grad * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate)))
+//   d/d up   = grad * silu(gate)
+template <typename T, int N>
+__global__ void swiglu_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ gate,
+                                       const T* __restrict__ up, T* __restrict__ grad_gate, T* __restrict__ grad_up,
+                                       int64_t packs) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < packs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Pack<T, N> gy = reinterpret_cast<const Pack<T, N>*>(grad_y)[i];
+    const Pack<T, N> a = reinterpret_cast<const Pack<T, N>*>(gate)[i];
+    const Pack<T, N> b = reinterpret_cast<const Pack<T, N>*>(up)[i];
+    Pack<T, N> da, db;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float g = to_float(a.v[k]);
+      const float s = sigmoid(g);
+      const float grad = to_float(gy.v[k]);
+      da.v[k] = from_float<T>(grad * to_float(b.v[k]) * s * (1.0f + g * (1.0f - s)));
+      db.v[k] = from_float<T>(grad * g * s);
+    }
+    reinterpret_cast<Pack<T, N>*>(grad_gate)[i] = da;
+    reinterpret_cast<Pack<T, N>*>(grad_up)[i] = db;
+  }
+}
+
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+/// Calls f(Type<T>{}) with T the CUDA type of `dtype`.
+template <typename F>
+void with_cuda_type(at::ScalarType dtype, const char* what, F&& f) {
+  switch (dtype) {
+    case at::kFloat:
+      return f(Type<float>{});
+    case at::kBFloat16:
+      return f(Type<__nv_bfloat16>{});
+    case at::kHalf:
+      return f(Type<__half>{});
+    default:
+      TORCH_CHECK(false, what, ": fp32, bf16 or fp16 expected, got ", dtype);
+  }
+}
+
+bool aligned(const void* pointer, int64_t bytes) { return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0; }
+
+void check_input(const at::Tensor& t, const at::Tensor& like, const char* what, const char* name) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.is_contiguous(), what, ": ", name,
+              " must be contiguous on ", like.device(), ", got ", t.sizes(), " on ", t.device());
+}
+
+/// Blocks for a grid-stride loop over `packs` elements: enough to fill the GPU.
+unsigned grid_for(int64_t packs) {
+  const int64_t resident = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads);
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min((packs + kThreads - 1) / kThreads, resident)));
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                                   at::ScalarType out_dtype) {
+  const char* what = "llama::kernels::rms_norm_forward";
+  check_input(x, x, what, "x");
+  check_input(weight, x, what, "weight");
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == at::kFloat,
+              what, ": x [rows, cols] and fp32 weight [cols] expected, got ", x.sizes(), " and ", weight.sizes(), " ",
+              weight.scalar_type());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK(rows <= INT32_MAX, what, ": too many rows (", rows, ")");
+  at::Tensor y = at::empty({rows, cols}, x.options().dtype(out_dtype));
+  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+  if (rows == 0) return {y, rstd};
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool vectorized = cols % 4 == 0 && aligned(x.data_ptr(), 4 * x.element_size()) &&
+                          aligned(weight.data_ptr(), 16) && aligned(y.data_ptr(), 4 * y.element_size());
+  with_cuda_type(x.scalar_type(), what, [&](auto in) {
+    using In = typename decltype(in)::type;
+    with_cuda_type(out_dtype, what, [&](auto out) {
+      using Out = typename decltype(out)::type;
+      const auto launch = vectorized ? rms_norm_forward_kernel<In, Out, 4> : rms_norm_forward_kernel<In, Out, 1>;
+      launch<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+          static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(), static_cast<Out*>(y.data_ptr()),
+          rstd.data_ptr<float>(), cols, static_cast<float>(eps));
+      check_cuda(cudaGetLastError(), "rms_norm_forward_kernel<<<...>>>");
+    });
+  });
+  return {y, rstd};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
+                                                    const at::Tensor& weight, const at::Tensor& rstd) {
+  const char* what = "llama::kernels::rms_norm_backward";
+  check_input(grad_y, x, what, "grad_y");
+  check_input(x, x, what, "x");
+  check_input(weight, x, what, "weight");
+  check_input(rstd, x, what, "rstd");
+  TORCH_CHECK(grad_y.sizes() == x.sizes() && x.dim() == 2 && weight.size(0) == x.size(1) &&
+                  rstd.numel() == x.size(0) && weight.scalar_type() == at::kFloat &&
+                  rstd.scalar_type() == at::kFloat,
+              what, ": grad_y and x [rows, cols], fp32 weight [cols] and rstd [rows] expected");
+  const int64_t rows = x.size(0), cols = x.size(1);
+  at::Tensor grad_x = at::empty_like(x);
+  if (rows == 0) return {grad_x, at::zeros_like(weight)};
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const unsigned blocks = static_cast<unsigned>(
+      std::min<int64_t>(rows, at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads)));
+  at::Tensor weight_partials = at::empty({blocks, cols}, weight.options());
+  const bool vectorized = cols % 4 == 0 && aligned(x.data_ptr(), 4 * x.element_size()) &&
+                          aligned(grad_y.data_ptr(), 4 * grad_y.element_size()) &&
+                          aligned(grad_x.data_ptr(), 4 * grad_x.element_size()) && aligned(weight.data_ptr(), 16) &&
+                          aligned(weight_partials.data_ptr(), 16);
+  with_cuda_type(x.scalar_type(), what, [&](auto in) {
+    using In = typename decltype(in)::type;
+    with_cuda_type(grad_y.scalar_type(), what, [&](auto out) {
+      using Out = typename decltype(out)::type;
+      const auto launch = vectorized ? rms_norm_backward_kernel<In, Out, 4> : rms_norm_backward_kernel<In, Out, 1>;
+      launch<<<blocks, kThreads, 0, stream>>>(static_cast<const Out*>(grad_y.data_ptr()),
+                                              static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(),
+                                              rstd.data_ptr<float>(), static_cast<In*>(grad_x.data_ptr()),
+                                              weight_partials.data_ptr<float>(), rows, cols);
+      check_cuda(cudaGetLastError(), "rms_norm_backward_kernel<<<...>>>");
+    });
+  });
+  return {grad_x, weight_partials.sum(0)};
+}
+
+at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+  const char* what = "llama::kernels::rotate_pairs";
+  check_input(x, x, what, "x");
+  check_input(cos, x, what, "cos");
+  check_input(sin, x, what, "sin");
+  TORCH_CHECK(x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 2 && cos.size(0) == x.size(1) &&
+                  cos.size(1) == x.size(3) / 2 && sin.sizes() == cos.sizes() && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat,
+              what, ": x [batch, seq, heads, head_dim] and fp32 cos, sin [seq, head_dim / 2] expected, got ",
+              x.sizes(), ", ", cos.sizes(), ", ", sin.sizes());
+  TORCH_CHECK(aligned(x.data_ptr(), 2 * x.element_size()), what, ": x must start on a pair boundary");
+  const int64_t tokens = x.size(0) * x.size(1);
+  const int64_t pairs_per_head = x.size(3) / 2;
+  const int64_t pairs_per_token = x.size(2) * pairs_per_head;
+  TORCH_CHECK(tokens <= INT32_MAX && pairs_per_token <= INT32_MAX, what, ": x of ", x.sizes(), " is too large");
+  at::Tensor y = at::empty_like(x);
+  if (x.numel() == 0) return y;
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (pairs_per_token + 31) / 32 * 32));
+  with_cuda_type(x.scalar_type(), what, [&](auto type) {
+    using T = typename decltype(type)::type;
+    rotate_pairs_kernel<T><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
+        static_cast<const T*>(x.data_ptr()), cos.data_ptr<float>(), sin.data_ptr<float>(),
+        static_cast<T*>(y.data_ptr()), static_cast<int>(x.size(1)), static_cast<int>(pairs_per_head),
+        static_cast<int>(pairs_per_token), inverse ? -1.0f : 1.0f);
+    check_cuda(cudaGetLastError(), "rotate_pairs_kernel<<<...>>>");
+  });
+  return y;
+}
+
+at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  const char* what = "llama::kernels::swiglu_forward";
+  check_input(gate, gate, what, "gate");
+  check_input(up, gate, what, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(), what,
+              ": gate and up of one shape and dtype expected, got ", gate.sizes(), " ", gate.scalar_type(), " and ",
+              up.sizes(), " ", up.scalar_type());
+  at::Tensor y = at::empty_like(gate);
+  if (gate.numel() == 0) return y;
+  const c10::cuda::CUDAGuard device_guard(gate.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t bytes = 4 * gate.element_size();
+  const bool vectorized = gate.numel() % 4 == 0 && aligned(gate.data_ptr(), bytes) && aligned(up.data_ptr(), bytes) &&
+                          aligned(y.data_ptr(), bytes);
+  const int64_t packs = vectorized ? gate.numel() / 4 : gate.numel();
+  with_cuda_type(gate.scalar_type(), what, [&](auto type) {
+    using T = typename decltype(type)::type;
+    const auto launch = vectorized ? swiglu_forward_kernel<T, 4> : swiglu_forward_kernel<T, 1>;
+    launch<<<grid_for(packs), kThreads, 0, stream>>>(static_cast<const T*>(gate.data_ptr()),
+                                                     static_cast<const T*>(up.data_ptr()),
+                                                     static_cast<T*>(y.data_ptr()), packs);
+    check_cuda(cudaGetLastError(), "swiglu_forward_kernel<<<...>>>");
+  });
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, const at::Tensor& gate,
+                                                  const at::Tensor& up) {
+  const char* what = "llama::kernels::swiglu_backward";
+  check_input(grad_y, gate, what, "grad_y");
+  check_input(gate, gate, what, "gate");
+  check_input(up, gate, what, "up");
+  TORCH_CHECK(gate.sizes() == up.sizes() && grad_y.sizes() == gate.sizes() &&
+                  gate.scalar_type() == up.scalar_type() && grad_y.scalar_type() == gate.scalar_type(),
+              what, ": grad_y, gate and up of one shape and dtype expected");
+  at::Tensor grad_gate = at::empty_like(gate);
+  at::Tensor grad_up = at::empty_like(up);
+  if (gate.numel() == 0) return {grad_gate, grad_up};
+  const c10::cuda::CUDAGuard device_guard(gate.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t bytes = 4 * gate.element_size();
+  const bool vectorized = gate.numel() % 4 == 0 && aligned(grad_y.data_ptr(), bytes) &&
+                          aligned(gate.data_ptr(), bytes) && aligned(up.data_ptr(), bytes) &&
+                          aligned(grad_gate.data_ptr(), bytes) && aligned(grad_up.data_ptr(), bytes);
+  const int64_t packs = vectorized ? gate.numel() / 4 : gate.numel();
+  with_cuda_type(gate.scalar_type(), what, [&](auto type) {
+    using T = typename decltype(type)::type;
+    const auto launch = vectorized ? swiglu_backward_kernel<T, 4> : swiglu_backward_kernel<T, 1>;
+    launch<<<grid_for(packs), kThreads, 0, stream>>>(
+        static_cast<const T*>(grad_y.data_ptr()), static_cast<const T*>(gate.data_ptr()),
+        static_cast<const T*>(up.data_ptr()), static_cast<T*>(grad_gate.data_ptr()),
+        static_cast<T*>(grad_up.data_ptr()), packs);
+    check_cuda(cudaGetLastError(), "swiglu_backward_kernel<<<...>>>");
+  });
+  return {grad_gate, grad_up};
+}
+
+}  // namespace llama::kernels

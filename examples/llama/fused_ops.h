@@ -1,0 +1,32 @@
+#pragma once
+
+// The LLaMA decoder's RMSNorm, rotary embedding and SwiGLU, two ways: ATen
+// ops (any device; op for op what PyTorch's reference in
+// benchmarks/scaling/pytorch_ddp.py runs), and, with `fused` on CUDA tensors
+// where fused_kernels.cu was compiled, one kernel forward and one backward
+// each (fused_kernels.h says why). Both compute in fp32 and round once; they
+// differ only by that rounding and the order of the sums.
+
+#include <torch/types.h>
+
+namespace llama::ops {
+
+/// Whether this build has the fused kernels (LibTorch >= 2.1 with CUDA).
+bool fused_kernels_built();
+
+/// x * rsqrt(mean(x^2 over the last dim) + eps) * weight, in fp32, returned in
+/// x's dtype; except that the fused path, under CUDA autocast, returns an fp32
+/// x's result in the autocast dtype: the norm feeds linear layers, which
+/// autocast would round it to anyway, so the values are the same and a
+/// full-size fp32 tensor and its cast are saved.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool fused);
+
+/// Rotates consecutive feature pairs of x [batch, seq, heads, head_dim]
+/// (Meta's interleaved layout) by the angles of their position:
+/// (e, o) -> (e cos - o sin, e sin + o cos); cos and sin [seq, head_dim / 2] fp32.
+torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool fused);
+
+/// silu(gate) * up.
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, bool fused);
+
+}  // namespace llama::ops

@@ -1,0 +1,168 @@
+// The LLaMA decoder's fused CUDA kernels (examples/llama/fused_kernels.cu)
+// against the ATen ops they replace: values and gradients, in every dtype
+// the model runs them in, vectorized and not, and the whole model under
+// bf16 autocast.
+
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "fused_ops.h"
+#include "llama_model.h"
+
+namespace {
+
+const torch::Device kGpu(torch::kCUDA, 0);
+
+/// ||a - b|| / ||b||, in fp64.
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  const auto a64 = a.to(torch::kDouble);
+  const auto b64 = b.to(torch::kDouble);
+  return ((a64 - b64).norm() / b64.norm()).item<double>();
+}
+
+/// The tolerance of one rounding to `dtype` (both paths compute in fp32 and
+/// round once; sums differ in order).
+double tolerance(torch::ScalarType dtype) { return dtype == torch::kFloat ? 2e-6 : 8e-3; }
+
+/// Runs `op` fused and unfused on leaf copies of `inputs` and compares the
+/// outputs and every input's gradient for a random output gradient.
+template <typename Op>
+void expect_fused_matches_aten(const std::vector<torch::Tensor>& inputs, Op op, torch::ScalarType dtype,
+                               const std::string& what) {
+  std::vector<torch::Tensor> outputs, grads[2];
+  for (const bool fused : {false, true}) {
+    std::vector<torch::Tensor> leaves;
+    for (const auto& input : inputs) leaves.push_back(input.detach().clone().requires_grad_());
+    const torch::Tensor output = op(leaves, fused);
+    torch::manual_seed(7);
+    const torch::Tensor grad_output = torch::randn(output.sizes(), output.options());
+    output.backward(grad_output);
+    outputs.push_back(output.detach());
+    for (const auto& leaf : leaves) grads[fused].push_back(leaf.grad());
+  }
+  ASSERT_EQ(outputs[1].sizes(), outputs[0].sizes()) << what;
+  const double error = relative_error(outputs[1], outputs[0]);
+  std::printf("%s: output relative error %.3g\n", what.c_str(), error);
+  EXPECT_LT(error, tolerance(dtype)) << what;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    ASSERT_TRUE(grads[1][i].defined()) << what << ": no gradient for input " << i;
+    EXPECT_EQ(grads[1][i].scalar_type(), grads[0][i].scalar_type()) << what << ", input " << i;
+    const double grad_error = relative_error(grads[1][i], grads[0][i]);
+    std::printf("%s: gradient %zu relative error %.3g\n", what.c_str(), i, grad_error);
+    // A weight gradient sums over thousands of rows of rounded products.
+    EXPECT_LT(grad_error, 2 * tolerance(dtype)) << what << ", gradient of input " << i;
+  }
+}
+
+TEST(LlamaFusedOps, AreBuilt) { EXPECT_TRUE(llama::ops::fused_kernels_built()); }
+
+TEST(LlamaFusedOps, RmsNormMatchesAten) {
+  // 2048 columns: the vectorized kernel, and more rows than backward's blocks;
+  // 102: the scalar kernel.
+  for (const std::int64_t cols : {2048, 102}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+      torch::manual_seed(1);
+      const auto x = torch::randn({4, 2500, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
+      const auto weight = 1 + 0.5 * torch::randn({cols}, torch::TensorOptions().device(kGpu));
+      expect_fused_matches_aten(
+          {x, weight},
+          [](const std::vector<torch::Tensor>& in, bool fused) { return llama::ops::rms_norm(in[0], in[1], 1e-5, fused); },
+          dtype, "rms_norm " + std::string(c10::toString(dtype)) + " cols " + std::to_string(cols));
+    }
+  }
+}
+
+TEST(LlamaFusedOps, RmsNormUnderAutocastReturnsTheAutocastDtype) {
+  torch::manual_seed(2);
+  const auto x = torch::randn({8, 512, 256}, torch::TensorOptions().device(kGpu)).requires_grad_();
+  const auto weight = (1 + 0.5 * torch::randn({256}, torch::TensorOptions().device(kGpu))).requires_grad_();
+  torch::Tensor fused, aten;
+  {
+    ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
+    fused = llama::ops::rms_norm(x, weight, 1e-5, /*fused=*/true);
+    aten = llama::ops::rms_norm(x, weight, 1e-5, /*fused=*/false);
+  }
+  EXPECT_EQ(fused.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(aten.scalar_type(), torch::kFloat);
+  // The same values as the fp32 result rounded to bf16, as autocast would.
+  EXPECT_LT(relative_error(fused, aten.to(torch::kBFloat16)), 1e-3);
+  const auto grad = torch::randn(x.sizes(), x.options());
+  const auto fused_grads = torch::autograd::grad({fused}, {x, weight}, {grad.to(torch::kBFloat16)});
+  const auto aten_grads = torch::autograd::grad({aten}, {x, weight}, {grad.to(torch::kBFloat16).to(torch::kFloat)});
+  EXPECT_EQ(fused_grads[0].scalar_type(), torch::kFloat);
+  EXPECT_LT(relative_error(fused_grads[0], aten_grads[0]), 1e-5);
+  EXPECT_LT(relative_error(fused_grads[1], aten_grads[1]), 1e-5);
+}
+
+TEST(LlamaFusedOps, RotationMatchesAten) {
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::manual_seed(3);
+    const std::int64_t seq = 300, heads = 6, head_dim = 64;
+    const auto angles = torch::randn({seq, head_dim / 2}, torch::TensorOptions().device(kGpu)) * 3;
+    const auto x = torch::randn({3, seq, heads, head_dim}, torch::TensorOptions().device(kGpu)).to(dtype);
+    expect_fused_matches_aten(
+        {x},
+        [&](const std::vector<torch::Tensor>& in, bool fused) {
+          return llama::ops::rotate_pairs(in[0], angles.cos(), angles.sin(), fused);
+        },
+        dtype, "rotate_pairs " + std::string(c10::toString(dtype)));
+  }
+}
+
+TEST(LlamaFusedOps, SwigluMatchesAten) {
+  // 4096 x 5632 elements: vectorized; 1001 x 7: scalar.
+  for (const auto shape : {std::vector<std::int64_t>{4096, 5632}, std::vector<std::int64_t>{1001, 7}}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(4);
+      const auto gate = (2 * torch::randn(shape, torch::TensorOptions().device(kGpu))).to(dtype);
+      const auto up = torch::randn(shape, torch::TensorOptions().device(kGpu)).to(dtype);
+      expect_fused_matches_aten(
+          {gate, up},
+          [](const std::vector<torch::Tensor>& in, bool fused) { return llama::ops::swiglu(in[0], in[1], fused); },
+          dtype, "swiglu " + std::string(c10::toString(dtype)) + " " + std::to_string(shape[1]));
+    }
+  }
+}
+
+/// The whole decoder, fused against unfused, in bf16: logits, loss and every
+/// parameter's gradient.
+TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
+  llama::LlamaConfig config = llama::LlamaConfig::preset("tiny");
+  config.dim = 256;
+  config.n_heads = 4;
+  config.n_kv_heads = 2;
+  config.ffn_hidden = 704;
+  config.max_seq_len = 128;
+  torch::manual_seed(5);
+  const auto tokens = torch::randint(config.vocab_size, {4, 128}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
+  torch::Tensor logits[2];
+  std::vector<torch::Tensor> grads[2];
+  for (const bool fused : {false, true}) {
+    config.fused_kernels = fused;
+    torch::manual_seed(6);
+    llama::Llama model(config);
+    model->to(kGpu);
+    torch::Tensor loss;
+    {
+      ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
+      logits[fused] = model(tokens);
+      loss = torch::nn::functional::cross_entropy(logits[fused].to(torch::kFloat).flatten(0, 1), tokens.flatten());
+    }
+    loss.backward();
+    for (const auto& p : model->parameters()) grads[fused].push_back(p.grad());
+  }
+  const double logit_error = relative_error(logits[1], logits[0]);
+  std::printf("decoder: logits relative error %.3g\n", logit_error);
+  EXPECT_LT(logit_error, 2e-2);
+  double worst = 0;
+  for (std::size_t i = 0; i < grads[0].size(); ++i) worst = std::max(worst, relative_error(grads[1][i], grads[0][i]));
+  std::printf("decoder: largest gradient relative error %.3g over %zu parameters\n", worst, grads[0].size());
+  EXPECT_LT(worst, 5e-2);
+}
+
+}  // namespace
