@@ -5,7 +5,8 @@
 // benchmarks/scaling/pytorch_ddp.py runs), and, with `fused` on CUDA tensors
 // where fused_kernels.cu was compiled, one kernel forward and one backward
 // each (fused_kernels.h says why). Both compute in fp32 and round once; they
-// differ only by that rounding and the order of the sums.
+// differ only by that rounding and the order of the sums. The fused backward
+// passes are not themselves differentiable: no gradients of gradients.
 
 #include <torch/types.h>
 

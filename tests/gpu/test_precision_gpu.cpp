@@ -8,16 +8,14 @@
 
 #include <ddp/ddp.h>
 
+#include "support/relative_error.h"
+
 namespace {
+
+using ddp::testing::relative_error;
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
-/// ||a - b|| / ||b||, in fp64.
-double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
-  const auto a64 = a.to(torch::kDouble);
-  const auto b64 = b.to(torch::kDouble);
-  return ((a64 - b64).norm() / b64.norm()).item<double>();
-}
 
 TEST(Tf32, ChangesALargeMatmulByTheExpectedError) {
   torch::manual_seed(0);
