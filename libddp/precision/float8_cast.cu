@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -82,7 +83,9 @@ __device__ void update_amax_history_in_block(float* __restrict__ history, int64_
     }
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
+  for (int offset = 16; offset > 0; offset /= 2) {
+    max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
+  }
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -104,7 +107,7 @@ struct HistoryUpdate {
   unsigned* blocks_done;
 };
 
-/// Casts one 64 x 64 tile of `input` ([rows, cols] row-major) to `out`, and
+/// Casts 64 x 64 tiles of `input` ([rows, cols] row-major) to `out`, and
 /// with kTransposed to `out_t` ([cols, rows] row-major) through shared memory,
 /// so that both the reads and the writes of the transposed copy are
 /// coalesced. With kAmax, max |input| is max-accumulated into *amax. The
@@ -116,8 +119,9 @@ struct HistoryUpdate {
 template <typename T, __nv_fp8_interpretation_t kFormat, bool kTransposed, bool kAmax>
 __global__ void __launch_bounds__(kThreads)
     cast_to_float8_kernel(const T* __restrict__ input, const float* scale_source, bool scale_from_amax,
-                          float largest, int64_t rows, int64_t cols, int64_t col_tiles, bool vectorized,
-                          bool rows_aligned, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t, float* amax,
+                          float largest, int64_t rows, int64_t cols, int64_t col_tiles, int64_t tiles,
+                          bool vectorized, bool rows_aligned, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                          float* amax,
                           float* __restrict__ inverse_scale, HistoryUpdate update) {
   constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kVectorsPerRow = kTile / kVector;
@@ -127,92 +131,99 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t tile[kTile * kTileStrideWords];
   __shared__ int warp_amax[kThreads / 32];
 
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) / col_tiles * kTile;
-  const int64_t col0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTile;
   const float source = __ldg(scale_source);
   const float s = scale_from_amax ? largest / at_least_min_amax(source) : source;
   if (inverse_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / s;
   int max_bits = 0;
 
-  const int tile_col = threadIdx.x % kVectorsPerRow * kVector;
-  const int64_t col = col0 + tile_col;
-  if (col < cols) {
-    const bool full = vectorized && col + kVector <= cols;
-    for (int tile_row = threadIdx.x / kVectorsPerRow; tile_row < kTile; tile_row += kRowsPerPass) {
-      const int64_t row = row0 + tile_row;
-      if (row >= rows) break;
-      const int64_t offset = row * cols + col;
-      alignas(16) T x[kVector];
-      if (full) {
-        *reinterpret_cast<uint4*>(x) = __ldg(reinterpret_cast<const uint4*>(input + offset));
-      } else {
-        // Zeros past the edge: they leave the amax alone and are never stored.
-#pragma unroll
-        for (int i = 0; i < kVector; ++i) x[i] = col + i < cols ? input[offset + i] : T(0.0f);
-      }
-      uint32_t words[kVector / 4];
-#pragma unroll
-      for (int w = 0; w < kVector / 4; ++w) {
-        float v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[i] = to_float(x[4 * w + i]);
-          if constexpr (kAmax) max_bits = max(max_bits, abs_bits(v[i]));
-          v[i] = saturate(v[i] * s, largest);
-        }
-        words[w] = to_float8x4<kFormat>(v[0], v[1], v[2], v[3]);
-        if constexpr (kTransposed) tile[tile_row * kTileStrideWords + tile_col / 4 + w] = words[w];
-      }
-      if (out == nullptr) continue;
-      if (full) {
-        if constexpr (kVector == 8) {
-          *reinterpret_cast<uint2*>(out + offset) = make_uint2(words[0], words[1]);
-        } else {
-          *reinterpret_cast<uint32_t*>(out + offset) = words[0];
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kVector; ++i) {
-          if (col + i < cols) out[offset + i] = words[i / 4] >> (8 * (i % 4)) & 0xFF;
-        }
-      }
-    }
-  }
+  // A block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...: fewer blocks,
+  // each with one amax atomic and one count towards the last block.
+  for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x) {
+    const int64_t row0 = tile_index / col_tiles * kTile;
+    const int64_t col0 = tile_index % col_tiles * kTile;
 
-  if constexpr (kTransposed) {
-    __syncthreads();
-    // Each thread transposes a 4 x 4 block of bytes: 4 rows' words of the
-    // same 4 columns become 4 words of 4 rows each, one per column. A warp
-    // covers 8 blocks down (32 bytes of each output row) and 4 across.
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    const int block_row = lane % 8 + 8 * (warp % 2);  // in 4-row units
-    const int block_col = lane / 8 + 4 * (warp / 2);  // in 4-column units
-    uint32_t in[4];
-#pragma unroll
-    for (int r = 0; r < 4; ++r) in[r] = tile[(4 * block_row + r) * kTileStrideWords + block_col];
-    const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
-    const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
-    const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
-    const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
-    const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                                 __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-    const int64_t row = row0 + 4 * block_row;
-    if (row < rows) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t out_row = col0 + 4 * block_col + c;
-        if (out_row >= cols) break;
-        uint8_t* destination = out_t + out_row * rows + row;
-        if (rows_aligned) {
-          *reinterpret_cast<uint32_t*>(destination) = columns[c];
+    const int tile_col = threadIdx.x % kVectorsPerRow * kVector;
+    const int64_t col = col0 + tile_col;
+    if (col < cols) {
+      const bool full = vectorized && col + kVector <= cols;
+      for (int tile_row = threadIdx.x / kVectorsPerRow; tile_row < kTile; tile_row += kRowsPerPass) {
+        const int64_t row = row0 + tile_row;
+        if (row >= rows) break;
+        const int64_t offset = row * cols + col;
+        alignas(16) T x[kVector];
+        if (full) {
+          *reinterpret_cast<uint4*>(x) = __ldg(reinterpret_cast<const uint4*>(input + offset));
         } else {
+          // Zeros past the edge: they leave the amax alone and are never stored.
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) x[i] = col + i < cols ? input[offset + i] : T(0.0f);
+        }
+        uint32_t words[kVector / 4];
+#pragma unroll
+        for (int w = 0; w < kVector / 4; ++w) {
+          float v[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            if (row + i < rows) destination[i] = columns[c] >> (8 * i) & 0xFF;
+            v[i] = to_float(x[4 * w + i]);
+            if constexpr (kAmax) max_bits = max(max_bits, abs_bits(v[i]));
+            v[i] = saturate(v[i] * s, largest);
+          }
+          words[w] = to_float8x4<kFormat>(v[0], v[1], v[2], v[3]);
+          if constexpr (kTransposed) tile[tile_row * kTileStrideWords + tile_col / 4 + w] = words[w];
+        }
+        if (out == nullptr) continue;
+        if (full) {
+          if constexpr (kVector == 8) {
+            *reinterpret_cast<uint2*>(out + offset) = make_uint2(words[0], words[1]);
+          } else {
+            *reinterpret_cast<uint32_t*>(out + offset) = words[0];
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVector; ++i) {
+            if (col + i < cols) out[offset + i] = words[i / 4] >> (8 * (i % 4)) & 0xFF;
           }
         }
       }
+    }
+
+    if constexpr (kTransposed) {
+      __syncthreads();
+      // Each thread transposes a 4 x 4 block of bytes: 4 rows' words of the
+      // same 4 columns become 4 words of 4 rows each, one per column. A warp
+      // covers 8 blocks down (32 bytes of each output row) and 4 across.
+      const int lane = threadIdx.x % 32;
+      const int warp = threadIdx.x / 32;
+      const int block_row = lane % 8 + 8 * (warp % 2);  // in 4-row units
+      const int block_col = lane / 8 + 4 * (warp / 2);  // in 4-column units
+      uint32_t in[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) in[r] = tile[(4 * block_row + r) * kTileStrideWords + block_col];
+      const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
+      const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
+      const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
+      const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
+      const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                   __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+      const int64_t row = row0 + 4 * block_row;
+      if (row < rows) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t out_row = col0 + 4 * block_col + c;
+          if (out_row >= cols) break;
+          uint8_t* destination = out_t + out_row * rows + row;
+          if (rows_aligned) {
+            *reinterpret_cast<uint32_t*>(destination) = columns[c];
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (row + i < rows) destination[i] = columns[c] >> (8 * i) & 0xFF;
+            }
+          }
+        }
+      }
+      // The next tile overwrites `tile`.
+      __syncthreads();
     }
   }
 
@@ -254,7 +265,7 @@ struct Launch {
   const float* scale_source;
   bool scale_from_amax;
   float largest;
-  int64_t rows, cols, col_tiles;
+  int64_t rows, cols, col_tiles, tiles;
   bool vectorized, rows_aligned;
   uint8_t* out;
   uint8_t* out_t;
@@ -267,7 +278,8 @@ template <typename T, __nv_fp8_interpretation_t kFormat, bool kTransposed, bool 
 void launch(const Launch& l) {
   cast_to_float8_kernel<T, kFormat, kTransposed, kAmax>
       <<<l.grid, kThreads, 0, l.stream>>>(static_cast<const T*>(l.input), l.scale_source, l.scale_from_amax,
-                                          l.largest, l.rows, l.cols, l.col_tiles, l.vectorized, l.rows_aligned,
+                                          l.largest, l.rows, l.cols, l.col_tiles, l.tiles, l.vectorized,
+                                          l.rows_aligned,
                                           l.out, l.out_t, l.amax, l.inverse_scale, l.update);
   check_cuda(cudaGetLastError(), "cast_to_float8_kernel<<<...>>>");
 }
@@ -376,8 +388,13 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
   const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
   const int64_t col_tiles = std::max<int64_t>(1, (cols + kTile - 1) / kTile);
   TORCH_CHECK(row_tiles * col_tiles <= INT32_MAX, what, "input of ", input.sizes(), " has too many tiles");
+  // Enough blocks to fill the GPU (8 of kThreads threads per SM), each
+  // walking several tiles: the per-block tail (amax atomic, done count)
+  // is paid by a few hundred blocks, not by one per tile.
+  const int64_t resident = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads);
   Launch l{};
-  l.grid = dim3(static_cast<unsigned>(row_tiles * col_tiles));
+  l.tiles = row_tiles * col_tiles;
+  l.grid = dim3(static_cast<unsigned>(std::min(l.tiles, resident)));
   l.stream = stream;
   l.input = input.data_ptr();
   l.scale_source = scale.value.data_ptr<float>();
