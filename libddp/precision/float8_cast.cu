@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdint>
 
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -55,59 +54,7 @@ __device__ __forceinline__ float at_least_min_amax(float amax) {
   return amax < kFloat8MinAmax ? kFloat8MinAmax : amax;
 }
 
-/// Delayed scaling's bookkeeping (Float8HistoryUpdate) by one block of
-/// kThreads threads; with amax null only the scale is recomputed
-/// (refresh_float8_scale). Histories are short (Transformer Engine's default
-/// is 1024 entries).
-__device__ void update_amax_history_in_block(float* __restrict__ history, int64_t length, float* amax,
-                                             float* scale, float target, bool use_max) {
-  __shared__ float newest;
-  __shared__ int warp_max[kThreads / 32];
-  // Other blocks of a cast accumulated the amax with atomics: read it as one.
-  if (threadIdx.x == 0 && amax != nullptr) newest = atomicExch(amax, 0.0f);
-  __syncthreads();
-
-  // The shift goes from the last chunk to the first: a chunk reads the
-  // entries one below its own before any of them is overwritten, and the
-  // barrier keeps a chunk's reads ahead of its writes.
-  int max_bits = 0;
-  const int64_t last_chunk = (length - 1) / kThreads * kThreads;
-  for (int64_t chunk = last_chunk; chunk >= 0; chunk -= kThreads) {
-    const int64_t i = chunk + threadIdx.x;
-    float value = 0.0f;
-    if (i < length) value = amax == nullptr ? history[i] : (i == 0 ? newest : history[i - 1]);
-    __syncthreads();
-    if (i < length) {
-      if (amax != nullptr) history[i] = value;
-      max_bits = max(max_bits, abs_bits(value));
-    }
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
-  }
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kThreads / 32; ++w) max_bits = max(max_bits, warp_max[w]);
-    // The history holds amaxes (>= 0 or NaN), so the bits' maximum is theirs.
-    const float history_amax = use_max ? __int_as_float(max_bits) : (amax != nullptr ? newest : history[0]);
-    if (isfinite(history_amax) && history_amax > 0.0f) *scale = target / at_least_min_amax(history_amax);
-  }
-}
-
-/// Where the last block of a cast does delayed scaling's bookkeeping; null
-/// history: none.
-struct HistoryUpdate {
-  float* history;
-  int64_t length;
-  float* scale;
-  float target;
-  bool use_max;
-  unsigned* blocks_done;
-};
-
-/// Casts 64 x 64 tiles of `input` ([rows, cols] row-major) to `out`, and
+/// Casts one 64 x 64 tile of `input` ([rows, cols] row-major) to `out`, and
 /// with kTransposed to `out_t` ([cols, rows] row-major) through shared memory,
 /// so that both the reads and the writes of the transposed copy are
 /// coalesced. With kAmax, max |input| is max-accumulated into *amax. The
@@ -118,11 +65,10 @@ struct HistoryUpdate {
 /// stores of the transposed copy. Tiles at the edges check their bounds.
 template <typename T, __nv_fp8_interpretation_t kFormat, bool kTransposed, bool kAmax>
 __global__ void __launch_bounds__(kThreads)
-    cast_to_float8_kernel(const T* __restrict__ input, const float* scale_source, bool scale_from_amax,
-                          float largest, int64_t rows, int64_t cols, int64_t col_tiles, int64_t tiles,
-                          bool vectorized, bool rows_aligned, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
-                          float* amax,
-                          float* __restrict__ inverse_scale, HistoryUpdate update) {
+    cast_to_float8_kernel(const T* __restrict__ input, const float* __restrict__ scale_source, bool scale_from_amax,
+                          float largest, int64_t rows, int64_t cols, int64_t col_tiles, bool vectorized,
+                          bool rows_aligned, uint8_t* __restrict__ out, uint8_t* __restrict__ out_t,
+                          float* __restrict__ amax, float* __restrict__ inverse_scale) {
   constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kVectorsPerRow = kTile / kVector;
   constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
@@ -131,99 +77,92 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t tile[kTile * kTileStrideWords];
   __shared__ int warp_amax[kThreads / 32];
 
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) / col_tiles * kTile;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) % col_tiles * kTile;
   const float source = __ldg(scale_source);
   const float s = scale_from_amax ? largest / at_least_min_amax(source) : source;
   if (inverse_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / s;
   int max_bits = 0;
 
-  // A block walks tiles blockIdx.x, blockIdx.x + gridDim.x, ...: fewer blocks,
-  // each with one amax atomic and one count towards the last block.
-  for (int64_t tile_index = blockIdx.x; tile_index < tiles; tile_index += gridDim.x) {
-    const int64_t row0 = tile_index / col_tiles * kTile;
-    const int64_t col0 = tile_index % col_tiles * kTile;
-
-    const int tile_col = threadIdx.x % kVectorsPerRow * kVector;
-    const int64_t col = col0 + tile_col;
-    if (col < cols) {
-      const bool full = vectorized && col + kVector <= cols;
-      for (int tile_row = threadIdx.x / kVectorsPerRow; tile_row < kTile; tile_row += kRowsPerPass) {
-        const int64_t row = row0 + tile_row;
-        if (row >= rows) break;
-        const int64_t offset = row * cols + col;
-        alignas(16) T x[kVector];
-        if (full) {
-          *reinterpret_cast<uint4*>(x) = __ldg(reinterpret_cast<const uint4*>(input + offset));
-        } else {
-          // Zeros past the edge: they leave the amax alone and are never stored.
+  const int tile_col = threadIdx.x % kVectorsPerRow * kVector;
+  const int64_t col = col0 + tile_col;
+  if (col < cols) {
+    const bool full = vectorized && col + kVector <= cols;
+    for (int tile_row = threadIdx.x / kVectorsPerRow; tile_row < kTile; tile_row += kRowsPerPass) {
+      const int64_t row = row0 + tile_row;
+      if (row >= rows) break;
+      const int64_t offset = row * cols + col;
+      alignas(16) T x[kVector];
+      if (full) {
+        *reinterpret_cast<uint4*>(x) = __ldg(reinterpret_cast<const uint4*>(input + offset));
+      } else {
+        // Zeros past the edge: they leave the amax alone and are never stored.
 #pragma unroll
-          for (int i = 0; i < kVector; ++i) x[i] = col + i < cols ? input[offset + i] : T(0.0f);
+        for (int i = 0; i < kVector; ++i) x[i] = col + i < cols ? input[offset + i] : T(0.0f);
+      }
+      uint32_t words[kVector / 4];
+#pragma unroll
+      for (int w = 0; w < kVector / 4; ++w) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[i] = to_float(x[4 * w + i]);
+          if constexpr (kAmax) max_bits = max(max_bits, abs_bits(v[i]));
+          v[i] = saturate(v[i] * s, largest);
         }
-        uint32_t words[kVector / 4];
-#pragma unroll
-        for (int w = 0; w < kVector / 4; ++w) {
-          float v[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            v[i] = to_float(x[4 * w + i]);
-            if constexpr (kAmax) max_bits = max(max_bits, abs_bits(v[i]));
-            v[i] = saturate(v[i] * s, largest);
-          }
-          words[w] = to_float8x4<kFormat>(v[0], v[1], v[2], v[3]);
-          if constexpr (kTransposed) tile[tile_row * kTileStrideWords + tile_col / 4 + w] = words[w];
-        }
-        if (out == nullptr) continue;
-        if (full) {
-          if constexpr (kVector == 8) {
-            *reinterpret_cast<uint2*>(out + offset) = make_uint2(words[0], words[1]);
-          } else {
-            *reinterpret_cast<uint32_t*>(out + offset) = words[0];
-          }
+        words[w] = to_float8x4<kFormat>(v[0], v[1], v[2], v[3]);
+        if constexpr (kTransposed) tile[tile_row * kTileStrideWords + tile_col / 4 + w] = words[w];
+      }
+      if (out == nullptr) continue;
+      if (full) {
+        if constexpr (kVector == 8) {
+          *reinterpret_cast<uint2*>(out + offset) = make_uint2(words[0], words[1]);
         } else {
+          *reinterpret_cast<uint32_t*>(out + offset) = words[0];
+        }
+      } else {
 #pragma unroll
-          for (int i = 0; i < kVector; ++i) {
-            if (col + i < cols) out[offset + i] = words[i / 4] >> (8 * (i % 4)) & 0xFF;
-          }
+        for (int i = 0; i < kVector; ++i) {
+          if (col + i < cols) out[offset + i] = words[i / 4] >> (8 * (i % 4)) & 0xFF;
         }
       }
     }
+  }
 
-    if constexpr (kTransposed) {
-      __syncthreads();
-      // Each thread transposes a 4 x 4 block of bytes: 4 rows' words of the
-      // same 4 columns become 4 words of 4 rows each, one per column. A warp
-      // covers 8 blocks down (32 bytes of each output row) and 4 across.
-      const int lane = threadIdx.x % 32;
-      const int warp = threadIdx.x / 32;
-      const int block_row = lane % 8 + 8 * (warp % 2);  // in 4-row units
-      const int block_col = lane / 8 + 4 * (warp / 2);  // in 4-column units
-      uint32_t in[4];
+  if constexpr (kTransposed) {
+    __syncthreads();
+    // Each thread transposes a 4 x 4 block of bytes: 4 rows' words of the
+    // same 4 columns become 4 words of 4 rows each, one per column. A warp
+    // covers 8 blocks down (32 bytes of each output row) and 4 across.
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int block_row = lane % 8 + 8 * (warp % 2);  // in 4-row units
+    const int block_col = lane / 8 + 4 * (warp / 2);  // in 4-column units
+    uint32_t in[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) in[r] = tile[(4 * block_row + r) * kTileStrideWords + block_col];
-      const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
-      const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
-      const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
-      const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
-      const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                                   __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-      const int64_t row = row0 + 4 * block_row;
-      if (row < rows) {
+    for (int r = 0; r < 4; ++r) in[r] = tile[(4 * block_row + r) * kTileStrideWords + block_col];
+    const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
+    const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
+    const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
+    const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
+    const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                 __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+    const int64_t row = row0 + 4 * block_row;
+    if (row < rows) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t out_row = col0 + 4 * block_col + c;
-          if (out_row >= cols) break;
-          uint8_t* destination = out_t + out_row * rows + row;
-          if (rows_aligned) {
-            *reinterpret_cast<uint32_t*>(destination) = columns[c];
-          } else {
+      for (int c = 0; c < 4; ++c) {
+        const int64_t out_row = col0 + 4 * block_col + c;
+        if (out_row >= cols) break;
+        uint8_t* destination = out_t + out_row * rows + row;
+        if (rows_aligned) {
+          *reinterpret_cast<uint32_t*>(destination) = columns[c];
+        } else {
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              if (row + i < rows) destination[i] = columns[c] >> (8 * i) & 0xFF;
-            }
+          for (int i = 0; i < 4; ++i) {
+            if (row + i < rows) destination[i] = columns[c] >> (8 * i) & 0xFF;
           }
         }
       }
-      // The next tile overwrites `tile`.
-      __syncthreads();
     }
   }
 
@@ -238,23 +177,6 @@ __global__ void __launch_bounds__(kThreads)
       for (int w = 1; w < kThreads / 32; ++w) max_bits = max(max_bits, warp_amax[w]);
       atomicMax(reinterpret_cast<int*>(amax), max_bits);
     }
-    if (update.history != nullptr) {
-      // Every block has read the scale by the time it counts itself done, so
-      // the last one may replace it; the fence makes this block's amax
-      // visible before its count.
-      __shared__ bool last_block;
-      if (threadIdx.x == 0) {
-        __threadfence();
-        last_block = atomicAdd(update.blocks_done, 1u) == gridDim.x - 1;
-      }
-      __syncthreads();
-      if (last_block) {
-        __threadfence();
-        update_amax_history_in_block(update.history, update.length, amax, update.scale, update.target,
-                                     update.use_max);
-        if (threadIdx.x == 0) *update.blocks_done = 0;
-      }
-    }
   }
 }
 
@@ -265,22 +187,20 @@ struct Launch {
   const float* scale_source;
   bool scale_from_amax;
   float largest;
-  int64_t rows, cols, col_tiles, tiles;
+  int64_t rows, cols, col_tiles;
   bool vectorized, rows_aligned;
   uint8_t* out;
   uint8_t* out_t;
   float* amax;
   float* inverse_scale;
-  HistoryUpdate update;
 };
 
 template <typename T, __nv_fp8_interpretation_t kFormat, bool kTransposed, bool kAmax>
 void launch(const Launch& l) {
   cast_to_float8_kernel<T, kFormat, kTransposed, kAmax>
       <<<l.grid, kThreads, 0, l.stream>>>(static_cast<const T*>(l.input), l.scale_source, l.scale_from_amax,
-                                          l.largest, l.rows, l.cols, l.col_tiles, l.tiles, l.vectorized,
-                                          l.rows_aligned,
-                                          l.out, l.out_t, l.amax, l.inverse_scale, l.update);
+                                          l.largest, l.rows, l.cols, l.col_tiles, l.vectorized, l.rows_aligned,
+                                          l.out, l.out_t, l.amax, l.inverse_scale);
   check_cuda(cudaGetLastError(), "cast_to_float8_kernel<<<...>>>");
 }
 
@@ -312,16 +232,46 @@ bool aligned(const void* pointer, std::uintptr_t bytes) {
   return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    refresh_float8_scale_kernel(float* history, int64_t length, float* scale, float target, bool use_max) {
-  update_amax_history_in_block(history, length, /*amax=*/nullptr, scale, target, use_max);
-}
+constexpr int kHistoryThreads = 256;
 
-void check_history(const at::Tensor& history, const char* function) {
-  TORCH_CHECK(history.is_cuda() && history.dim() == 1 && history.numel() > 0 && history.is_contiguous() &&
-                  history.scalar_type() == at::kFloat,
-              function, "history must be a non-empty contiguous 1-D fp32 CUDA tensor, got ", history.sizes(), " ",
-              history.scalar_type(), " on ", history.device());
+/// See update_amax_history. One block: histories are short (Transformer
+/// Engine's default is 1024 entries) and one launch per cast is the point.
+__global__ void __launch_bounds__(kHistoryThreads)
+    update_amax_history_kernel(float* __restrict__ history, int64_t length, float* __restrict__ amax,
+                               float* __restrict__ scale, float target, bool use_max) {
+  __shared__ float newest;
+  __shared__ int warp_max[kHistoryThreads / 32];
+  if (threadIdx.x == 0 && amax != nullptr) {
+    newest = *amax;
+    *amax = 0.0f;
+  }
+  __syncthreads();
+
+  // The shift goes from the last chunk to the first: a chunk reads the
+  // entries one below its own before any of them is overwritten, and the
+  // barrier keeps a chunk's reads ahead of its writes.
+  int max_bits = 0;
+  const int64_t last_chunk = (length - 1) / kHistoryThreads * kHistoryThreads;
+  for (int64_t chunk = last_chunk; chunk >= 0; chunk -= kHistoryThreads) {
+    const int64_t i = chunk + threadIdx.x;
+    float value = 0.0f;
+    if (i < length) value = amax == nullptr ? history[i] : (i == 0 ? newest : history[i - 1]);
+    __syncthreads();
+    if (i < length) {
+      if (amax != nullptr) history[i] = value;
+      max_bits = max(max_bits, abs_bits(value));
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kHistoryThreads / 32; ++w) max_bits = max(max_bits, warp_max[w]);
+    // The history holds amaxes (>= 0 or NaN), so the bits' maximum is theirs.
+    const float history_amax = use_max ? __int_as_float(max_bits) : (amax != nullptr ? newest : history[0]);
+    if (isfinite(history_amax) && history_amax > 0.0f) *scale = target / at_least_min_amax(history_amax);
+  }
 }
 
 void check_scalar(const at::Tensor& tensor, const at::Tensor& input, const char* function, const char* name) {
@@ -332,18 +282,24 @@ void check_scalar(const at::Tensor& tensor, const at::Tensor& input, const char*
 
 }  // namespace
 
-void refresh_float8_scale(const at::Tensor& history, const at::Tensor& scale, float target, bool use_max) {
-  const char* const what = "refresh_float8_scale: ";
-  check_history(history, what);
+void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float target,
+                         bool use_max) {
+  const char* const what = "update_amax_history: ";
+  TORCH_CHECK(history.is_cuda() && history.dim() == 1 && history.numel() > 0 && history.is_contiguous() &&
+                  history.scalar_type() == at::kFloat,
+              what, "history must be a non-empty contiguous 1-D fp32 CUDA tensor, got ", history.sizes(), " ",
+              history.scalar_type(), " on ", history.device());
   check_scalar(scale, history, what, "scale");
+  if (amax.defined()) check_scalar(amax, history, what, "amax");
   const c10::cuda::CUDAGuard device_guard(history.device());
-  refresh_float8_scale_kernel<<<1, kThreads, 0, c10::cuda::getCurrentCUDAStream(history.get_device())>>>(
-      history.data_ptr<float>(), history.numel(), scale.data_ptr<float>(), target, use_max);
-  check_cuda(cudaGetLastError(), "refresh_float8_scale_kernel<<<...>>>");
+  update_amax_history_kernel<<<1, kHistoryThreads, 0, c10::cuda::getCurrentCUDAStream(history.get_device())>>>(
+      history.data_ptr<float>(), history.numel(), amax.defined() ? amax.data_ptr<float>() : nullptr,
+      scale.data_ptr<float>(), target, use_max);
+  check_cuda(cudaGetLastError(), "update_amax_history_kernel<<<...>>>");
 }
 
 void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,
-                    const Float8CastOutputs& outputs, const Float8HistoryUpdate* history_update) {
+                    const Float8CastOutputs& outputs) {
   const char* const what = "cast_to_float8: ";
   TORCH_CHECK(input.is_cuda() && input.dim() == 2 && input.is_contiguous(), what,
               "input must be a contiguous 2-D CUDA tensor, got ", input.sizes(), " on ", input.device());
@@ -372,15 +328,6 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
   if (amax.defined()) check_scalar(amax, input, what, "amax");
   const at::Tensor& inverse_scale = outputs.inverse_scale;
   if (inverse_scale.defined()) check_scalar(inverse_scale, input, what, "inverse_scale");
-  if (history_update != nullptr) {
-    TORCH_CHECK(amax.defined() && !scale.from_amax, what,
-                "the history update needs the cast's amax and a scale that is not from the amax");
-    check_history(history_update->history, what);
-    const at::Tensor& blocks_done = history_update->blocks_done;
-    TORCH_CHECK(blocks_done.device() == input.device() && blocks_done.dim() == 0 &&
-                    blocks_done.scalar_type() == at::kInt,
-                what, "blocks_done must be a 0-dim int32 tensor on ", input.device());
-  }
 
   const c10::cuda::CUDAGuard device_guard(input.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(input.get_device());
@@ -388,13 +335,8 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
   const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
   const int64_t col_tiles = std::max<int64_t>(1, (cols + kTile - 1) / kTile);
   TORCH_CHECK(row_tiles * col_tiles <= INT32_MAX, what, "input of ", input.sizes(), " has too many tiles");
-  // Enough blocks to fill the GPU (8 of kThreads threads per SM), each
-  // walking several tiles: the per-block tail (amax atomic, done count)
-  // is paid by a few hundred blocks, not by one per tile.
-  const int64_t resident = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads);
   Launch l{};
-  l.tiles = row_tiles * col_tiles;
-  l.grid = dim3(static_cast<unsigned>(std::min(l.tiles, resident)));
+  l.grid = dim3(static_cast<unsigned>(row_tiles * col_tiles));
   l.stream = stream;
   l.input = input.data_ptr();
   l.scale_source = scale.value.data_ptr<float>();
@@ -410,14 +352,6 @@ void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float
   l.rows_aligned = rows % 4 == 0 && (l.out_t == nullptr || aligned(l.out_t, 4));
   l.amax = amax.defined() ? amax.data_ptr<float>() : nullptr;
   l.inverse_scale = inverse_scale.defined() ? inverse_scale.data_ptr<float>() : nullptr;
-  if (history_update != nullptr) {
-    l.update.history = history_update->history.data_ptr<float>();
-    l.update.length = history_update->history.numel();
-    l.update.scale = scale.value.data_ptr<float>();
-    l.update.target = history_update->target;
-    l.update.use_max = history_update->use_max;
-    l.update.blocks_done = static_cast<unsigned*>(history_update->blocks_done.data_ptr());
-  }
   switch (input_dtype) {
     case at::kBFloat16:
       launch<__nv_bfloat16>(l, float8_dtype);

@@ -41,45 +41,31 @@ struct Float8CastOutputs {
   at::Tensor inverse_scale;
 };
 
-/// Delayed scaling's bookkeeping after a cast, done by the last block of the
-/// cast kernel to finish, where ATen takes a roll, two copies and five
-/// 1-element kernels (and a kernel of its own would cost a launch per cast,
-/// 462 per LLaMA-1.1B step): shifts `history` by one, enters the cast's amax
-/// (outputs.amax) as its newest entry and zeroes the amax for the next cast
-/// to accumulate into; then sets the cast's scale (Float8CastScale::value) to
-/// target / max(history's amax, kFloat8MinAmax), the history's amax being its
-/// maximum (use_max) or its newest entry. An amax that is not finite and > 0
-/// (nothing recorded yet, an all-zero tensor, an overflow, NaN) keeps the old
-/// scale, as in Transformer Engine.
-struct Float8HistoryUpdate {
-  /// [length] fp32, newest first.
-  at::Tensor history;
-  /// The format's largest value / 2^margin.
-  float target = 0;
-  bool use_max = true;
-  /// 0-dim int32, zero before the cast: the blocks count themselves done in
-  /// it, and the last one resets it.
-  at::Tensor blocks_done;
-};
-
 /// Writes outputs.data = saturate(input * scale) in one pass over `input`
 /// (and its transpose and amax in the same pass), on the current CUDA stream
-/// of input's device, without synchronising with the host; with
-/// `history_update`, also delayed scaling's bookkeeping (which needs
-/// outputs.amax and a scale that is not from_amax).
+/// of input's device, without synchronising with the host.
 ///
 /// input: [M, K] contiguous bf16, fp16 or fp32 on a CUDA device. The product
 /// is taken in fp32, clamped to [-largest, largest] (NaN stays NaN) and
 /// rounded to nearest even.
 ///
 /// Defined only where float8_cast.cu is compiled: LibTorch >= 2.1 with CUDA
-/// (DDP_WITH_CUDA_KERNELS), as is refresh_float8_scale.
+/// (DDP_WITH_CUDA_KERNELS), as is update_amax_history.
 void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,
-                    const Float8CastOutputs& outputs, const Float8HistoryUpdate* history_update = nullptr);
+                    const Float8CastOutputs& outputs);
 
-/// Recomputes `scale` from `history` as Float8HistoryUpdate does, leaving the
-/// history as it is, in one single-block kernel: after the amaxes were reduced
-/// across ranks.
-void refresh_float8_scale(const at::Tensor& history, const at::Tensor& scale, float target, bool use_max);
+/// Delayed scaling's bookkeeping after a cast, in one single-block kernel
+/// where ATen takes a roll, two copies and five 1-element kernels: shifts
+/// `history` (fp32, newest first) by one, enters *amax as its newest entry
+/// and zeroes *amax for the next cast to accumulate into; then sets
+/// scale = target / max(history's amax, kFloat8MinAmax), the history's
+/// amax being its maximum (use_max) or its newest entry, and target the
+/// format's largest value / 2^margin. An amax that is not finite and > 0
+/// (nothing recorded yet, an all-zero tensor, an overflow, NaN) keeps the
+/// old scale, as in Transformer Engine. With `amax` undefined the history is
+/// left as it is and only the scale is recomputed (after the amaxes were
+/// reduced across ranks).
+void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float target,
+                         bool use_max);
 
 }  // namespace ddp::detail

@@ -59,7 +59,6 @@ TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float
     // Until an amax is recorded the cast is unscaled, as in Transformer Engine.
     scale_ = at::ones({}, fp32);
     pending_amax_ = at::zeros({}, fp32);
-    cast_blocks_done_ = at::zeros({}, fp32.dtype(at::kInt));
   }
 }
 
@@ -74,8 +73,8 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
   if (fits_cast_kernel(tensor)) {
     // One kernel reads the tensor once, where ATen takes a pass each for the
     // multiply, the clamp, the conversion, the amax and the transpose, and
-    // does the scale arithmetic that would take 1-element ATen kernels: one
-    // launch per cast where ATen takes about 12 under delayed scaling.
+    // the scale arithmetic is done in the kernels instead of 1-element ATen
+    // kernels (about 12 launches per cast under delayed scaling).
     const at::Tensor input = tensor.contiguous();
     Float8CastOutputs outputs;
     const auto float8 = input.options().dtype(float8_dtype_);
@@ -87,10 +86,8 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
       // format's range (the cast saturates them). This cast's amax, taken in
       // the same pass, enters the history for the next one.
       outputs.amax = pending_amax_;
-      const Float8HistoryUpdate update{amax_history_, static_cast<float>(scale_target()), use_max(),
-                                       cast_blocks_done_};
-      cast_to_float8(input, Float8CastScale{scale_, /*from_amax=*/false}, static_cast<float>(largest), outputs,
-                     &update);
+      cast_to_float8(input, Float8CastScale{scale_, /*from_amax=*/false}, static_cast<float>(largest), outputs);
+      update_amax_history(amax_history_, pending_amax_, scale_, static_cast<float>(scale_target()), use_max());
     } else {
       // The amax maps to the largest finite value, so it is needed before
       // the cast, in a pass of its own.
@@ -121,7 +118,7 @@ void TensorScaling::refresh_scale() {
   if (!delayed()) return;
 #ifdef DDP_WITH_CUDA_KERNELS
   if (amax_history_.is_cuda()) {
-    refresh_float8_scale(amax_history_, scale_, static_cast<float>(scale_target()), use_max());
+    update_amax_history(amax_history_, /*amax=*/at::Tensor(), scale_, static_cast<float>(scale_target()), use_max());
     return;
   }
 #endif
@@ -136,7 +133,6 @@ void TensorScaling::to(const c10::Device& device) {
   amax_history_ = amax_history_.to(device);
   scale_ = scale_.to(device);
   pending_amax_ = pending_amax_.to(device);
-  cast_blocks_done_ = cast_blocks_done_.to(device);
 }
 
 void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std::string& prefix) const {
@@ -149,7 +145,6 @@ void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std
     saved[prefix + "history"] = amax_history_;
     saved[prefix + "scale"] = scale_;
     saved[prefix + "pending_amax"] = pending_amax_;
-    saved[prefix + "cast_blocks_done"] = cast_blocks_done_;
   }
 }
 
@@ -164,7 +159,6 @@ TensorScaling TensorScaling::load_from(torch::autograd::AutogradContext* context
     scaling.amax_history_ = saved[prefix + "history"].toTensor();
     scaling.scale_ = saved[prefix + "scale"].toTensor();
     scaling.pending_amax_ = saved[prefix + "pending_amax"].toTensor();
-    scaling.cast_blocks_done_ = saved[prefix + "cast_blocks_done"].toTensor();
   }
   return scaling;
 }

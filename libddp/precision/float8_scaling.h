@@ -61,7 +61,6 @@ class TensorScaling {
   at::Tensor amax_history_;  // [amax_history_len] fp32, newest first
   at::Tensor scale_;         // 0-dim fp32
   at::Tensor pending_amax_;  // 0-dim fp32: the cast kernel's amax, zero between casts
-  at::Tensor cast_blocks_done_;  // 0-dim int32: the cast kernel's count of finished blocks, zero between casts
 };
 
 }  // namespace ddp::detail
