@@ -343,8 +343,8 @@ def markdown(report, args):
                       "(examples/llama/fused_kernels.cu), PyTorch as stock ATen ops: the ratio includes that "
                       "difference as well as the runtimes'. `--libddp-unfused` compares the runtimes alone.", ""]
         elif False in fused:
-            lines += ["libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch (`--libddp-unfused`).",
-                      ""]
+            why = "`--libddp-unfused`" if args.libddp_unfused else "this device or build has no fused kernels"
+            lines += [f"libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch ({why}).", ""]
         header = ["precision", "GPUs", f"libddp {unit}", f"PyTorch {unit}", "libddp / PyTorch", "libddp eff",
                   "PyTorch eff", "libddp fwd / bwd / comm / opt ms", "PyTorch fwd / bwd / opt ms",
                   "peak GiB libddp / PyTorch"]
