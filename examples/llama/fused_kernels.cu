@@ -239,12 +239,13 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at
   const char* what = "llama::kernels::rms_norm_forward";
   check_input(x, x, what, "x");
   check_input(weight, x, what, "weight");
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1) && weight.scalar_type() == at::kFloat,
-              what, ": x [rows, cols] and fp32 weight [cols] expected, got ", x.sizes(), " and ", weight.sizes(), " ",
-              weight.scalar_type());
-  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0 && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
+                  weight.scalar_type() == at::kFloat,
+              what, ": x [..., cols > 0] and fp32 weight [cols] expected, got ", x.sizes(), " and ", weight.sizes(),
+              " ", weight.scalar_type());
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
   TORCH_CHECK(rows <= INT32_MAX, what, ": too many rows (", rows, ")");
-  at::Tensor y = at::empty({rows, cols}, x.options().dtype(out_dtype));
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype));
   at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
   if (rows == 0) return {y, rstd};
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -272,11 +273,11 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, co
   check_input(x, x, what, "x");
   check_input(weight, x, what, "weight");
   check_input(rstd, x, what, "rstd");
-  TORCH_CHECK(grad_y.sizes() == x.sizes() && x.dim() == 2 && weight.size(0) == x.size(1) &&
-                  rstd.numel() == x.size(0) && weight.scalar_type() == at::kFloat &&
+  TORCH_CHECK(grad_y.sizes() == x.sizes() && x.dim() >= 1 && x.size(-1) > 0 && weight.size(0) == x.size(-1) &&
+                  rstd.numel() == x.numel() / x.size(-1) && weight.scalar_type() == at::kFloat &&
                   rstd.scalar_type() == at::kFloat,
-              what, ": grad_y and x [rows, cols], fp32 weight [cols] and rstd [rows] expected");
-  const int64_t rows = x.size(0), cols = x.size(1);
+              what, ": grad_y and x [..., cols > 0], fp32 weight [cols] and rstd [rows] expected");
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
   at::Tensor grad_x = at::empty_like(x);
   if (rows == 0) return {grad_x, at::zeros_like(weight)};
   const c10::cuda::CUDAGuard device_guard(x.device());
@@ -317,7 +318,9 @@ at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Te
   const int64_t tokens = x.size(0) * x.size(1);
   const int64_t pairs_per_head = x.size(3) / 2;
   const int64_t pairs_per_token = x.size(2) * pairs_per_head;
-  TORCH_CHECK(tokens <= INT32_MAX && pairs_per_token <= INT32_MAX, what, ": x of ", x.sizes(), " is too large");
+  // The kernel's int loop over a token's pairs steps past the end by up to a block.
+  TORCH_CHECK(tokens <= INT32_MAX && pairs_per_token <= INT32_MAX - kThreads, what, ": x of ", x.sizes(),
+              " is too large");
   at::Tensor y = at::empty_like(x);
   if (x.numel() == 0) return y;
   const c10::cuda::CUDAGuard device_guard(x.device());

@@ -20,12 +20,13 @@ namespace llama::kernels {
 
 /// y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight, rounded to
 /// `out_dtype`, and the fp32 rsqrt per row that backward needs.
-/// x [rows, cols]; weight [cols] fp32. Returns {y, rstd [rows]}.
+/// x [..., cols], cols > 0, rows the product of the other sizes; weight
+/// [cols] fp32. Returns {y (x's shape), rstd [rows]}.
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
                                                    at::ScalarType out_dtype);
 
-/// The gradients of rms_norm_forward: {grad_x (x's dtype), grad_weight (fp32)}.
-/// grad_y has y's shape and dtype.
+/// The gradients of rms_norm_forward: {grad_x (x's shape and dtype),
+/// grad_weight (fp32)}. grad_y has y's shape and dtype.
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
                                                     const at::Tensor& weight, const at::Tensor& rstd);
 

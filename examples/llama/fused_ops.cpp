@@ -1,5 +1,7 @@
 #include "fused_ops.h"
 
+#include <cstdint>
+
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
@@ -37,25 +39,33 @@ bool kernel_dtype(const torch::Tensor& t) {
   return dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf;
 }
 
+/// The backward kernels are not recorded by autograd, so gradients of these
+/// gradients would silently be missing: refuse, as Python's
+/// once_differentiable does.
+void check_not_differentiated_twice(const char* op) {
+  TORCH_CHECK(!torch::GradMode::is_enabled(), "llama::ops::", op,
+              ": the fused backward cannot be differentiated again (create_graph); build the model with "
+              "LlamaConfig::fused_kernels = false for higher-order gradients");
+}
+
 struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight, double eps,
                                c10::ScalarType out_dtype) {
-    const torch::Tensor rows = x.contiguous().view({-1, x.size(-1)});
+    // The output is a tensor of its own, not a view, so that callers may
+    // modify it in place as they may the ATen version's.
+    const torch::Tensor input = x.contiguous();
     const torch::Tensor weight32 = weight.to(torch::kFloat).contiguous();
-    auto [y, rstd] = kernels::rms_norm_forward(rows, weight32, eps, out_dtype);
-    ctx->save_for_backward({rows, weight32, rstd});
+    auto [y, rstd] = kernels::rms_norm_forward(input, weight32, eps, out_dtype);
+    ctx->save_for_backward({input, weight32, rstd});
     ctx->saved_data["weight_dtype"] = weight.scalar_type();
-    return y.view(x.sizes());
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    check_not_differentiated_twice("rms_norm");
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& rows = saved[0];
-    const torch::Tensor grad = grad_outputs[0];
-    auto [grad_x, grad_weight] =
-        kernels::rms_norm_backward(grad.contiguous().view(rows.sizes()), rows, saved[1], saved[2]);
-    return {grad_x.view(grad.sizes()), grad_weight.to(ctx->saved_data["weight_dtype"].toScalarType()),
-            torch::Tensor(), torch::Tensor()};
+    auto [grad_x, grad_weight] = kernels::rms_norm_backward(grad_outputs[0].contiguous(), saved[0], saved[1], saved[2]);
+    return {grad_x, grad_weight.to(ctx->saved_data["weight_dtype"].toScalarType()), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -63,11 +73,12 @@ struct FusedRotation : torch::autograd::Function<FusedRotation> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin) {
     ctx->save_for_backward({cos, sin});
-    return kernels::rotate_pairs(x.contiguous(), cos, sin, /*inverse=*/false);
+    return kernels::rotate_pairs(x, cos, sin, /*inverse=*/false);
   }
 
   // A rotation's gradient is the rotation by the opposite angles.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    check_not_differentiated_twice("rotate_pairs");
     const auto saved = ctx->get_saved_variables();
     return {kernels::rotate_pairs(grad_outputs[0].contiguous(), saved[0], saved[1], /*inverse=*/true),
             torch::Tensor(), torch::Tensor()};
@@ -83,6 +94,7 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    check_not_differentiated_twice("swiglu");
     const auto saved = ctx->get_saved_variables();
     auto [grad_gate, grad_up] = kernels::swiglu_backward(grad_outputs[0].contiguous(), saved[0], saved[1]);
     return {grad_gate, grad_up};
@@ -96,7 +108,8 @@ bool fused_kernels_built() { return LLAMA_WITH_CUDA_KERNELS != 0; }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS
-  if (fused && x.is_cuda() && kernel_dtype(x) && x.dim() >= 1 && weight.dim() == 1 && weight.size(0) == x.size(-1)) {
+  if (fused && x.is_cuda() && kernel_dtype(x) && x.dim() >= 1 && x.size(-1) > 0 && weight.dim() == 1 &&
+      weight.size(0) == x.size(-1) && weight.device() == x.device()) {
     c10::ScalarType out_dtype = x.scalar_type();
     if (out_dtype == torch::kFloat && ddp::compat::autocast_enabled(c10::DeviceType::CUDA)) {
       out_dtype = ddp::compat::autocast_dtype(c10::DeviceType::CUDA);
@@ -110,10 +123,17 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                            [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS
-  if (fused && x.is_cuda() && kernel_dtype(x) && x.dim() == 4 && x.size(3) % 2 == 0 && x.storage_offset() % 2 == 0 &&
-      cos.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous() &&
-      cos.sizes() == torch::IntArrayRef({x.size(1), x.size(3) / 2}) && sin.sizes() == cos.sizes()) {
-    return FusedRotation::apply(x, cos, sin);
+  // The kernel takes no gradient for the angles: tables that need one take the ATen ops.
+  if (fused && x.is_cuda() && kernel_dtype(x) && x.dim() == 4 && x.size(3) % 2 == 0 &&
+      cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.device() == x.device() &&
+      sin.device() == x.device() && cos.is_contiguous() && sin.is_contiguous() &&
+      cos.sizes() == torch::IntArrayRef({x.size(1), x.size(3) / 2}) && sin.sizes() == cos.sizes() &&
+      !cos.requires_grad() && !sin.requires_grad()) {
+    const torch::Tensor input = x.contiguous();
+    // The kernel loads a pair at a time.
+    if (reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (2 * input.element_size()) == 0) {
+      return FusedRotation::apply(input, cos, sin);
+    }
   }
 #endif
   return rotate_pairs_aten(x, cos, sin);

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -113,7 +114,7 @@ TEST(LlamaFusedOps, RotationMatchesAten) {
 
 TEST(LlamaFusedOps, SwigluMatchesAten) {
   // 4096 x 5632 elements: vectorized; 1001 x 7: scalar.
-  for (const auto shape : {std::vector<std::int64_t>{4096, 5632}, std::vector<std::int64_t>{1001, 7}}) {
+  for (const auto& shape : {std::vector<std::int64_t>{4096, 5632}, std::vector<std::int64_t>{1001, 7}}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
       torch::manual_seed(4);
       const auto gate = (2 * torch::randn(shape, torch::TensorOptions().device(kGpu))).to(dtype);
@@ -123,6 +124,53 @@ TEST(LlamaFusedOps, SwigluMatchesAten) {
           [](const std::vector<torch::Tensor>& in, bool fused) { return llama::ops::swiglu(in[0], in[1], fused); },
           dtype, "swiglu " + std::string(c10::toString(dtype)) + " " + std::to_string(shape[1]));
     }
+  }
+}
+
+/// What the fused ops owe autograd beyond their values, as the ATen ops give
+/// it: an output that may be modified in place, a gradient for rotation
+/// angles that need one (through the ATen ops), and for gradients of
+/// gradients an error instead of silently missing terms.
+TEST(LlamaFusedOps, BehaveUnderAutogradAsTheAtenOps) {
+  const auto options = torch::TensorOptions().device(kGpu);
+  torch::manual_seed(8);
+  const auto x = torch::randn({16, 64}, options).requires_grad_();
+  const auto weight = (torch::rand({64}, options) + 0.5).requires_grad_();
+  torch::Tensor grads[2];
+  for (const bool fused : {false, true}) {
+    auto y = llama::ops::rms_norm(x, weight, 1e-5, fused);
+    y.mul_(3);
+    grads[fused] = torch::autograd::grad({y.sum()}, {x})[0];
+  }
+  EXPECT_LT(relative_error(grads[1], grads[0]), 1e-5) << "rms_norm output modified in place";
+
+  const auto angles = torch::randn({8, 4}, options).requires_grad_();
+  const auto q = torch::randn({2, 8, 3, 8}, options);
+  const auto weights = torch::randn({2, 8, 3, 8}, options);
+  for (const bool fused : {false, true}) {
+    const auto rotated = llama::ops::rotate_pairs(q, angles.cos(), angles.sin(), fused);
+    grads[fused] = torch::autograd::grad({(rotated * weights).sum()}, {angles})[0];
+  }
+  ASSERT_TRUE(grads[1].defined());
+  EXPECT_LT(relative_error(grads[1], grads[0]), 1e-6) << "gradient of the rotation angles";
+
+  const auto gate = torch::randn({4, 8}, options).requires_grad_();
+  const auto up = torch::randn({4, 8}, options).requires_grad_();
+  const auto k = torch::randn({2, 8, 3, 8}, options).requires_grad_();
+  const auto cos = angles.detach().cos(), sin = angles.detach().sin();
+  const std::tuple<const char*, torch::Tensor, torch::Tensor> cases[] = {
+      {"rms_norm", llama::ops::rms_norm(x, weight, 1e-5, true), x},
+      {"rotate_pairs", llama::ops::rotate_pairs(k, cos, sin, true), k},
+      {"swiglu", llama::ops::swiglu(gate, up, true), gate}};
+  for (const auto& [name, output, input] : cases) {
+    std::string message;
+    try {
+      torch::autograd::grad({output.sum()}, {input}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("cannot be differentiated again"), std::string::npos)
+        << name << " under create_graph: " << (message.empty() ? "no error" : message);
   }
 }
 
