@@ -6,7 +6,8 @@
 // where fused_kernels.cu was compiled, one kernel forward and one backward
 // each (fused_kernels.h says why). Both compute in fp32 and round once; they
 // differ only by that rounding and the order of the sums. The fused backward
-// passes are not themselves differentiable: no gradients of gradients.
+// passes are not themselves differentiable: asking for gradients of
+// gradients (create_graph) through them is an error.
 
 #include <torch/types.h>
 
