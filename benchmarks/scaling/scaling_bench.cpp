@@ -271,10 +271,11 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   // embedding lookup's, plus causal attention's QK^T and AV, half masked.
   workload.flops_per_item = 6.0 * static_cast<double>(workload.params - config.vocab_size * config.dim) +
                             6.0 * static_cast<double>(config.n_layers * seq * config.dim);
+  const bool fused_kernels_ran = config.fused_kernels && llama::ops::fused_kernels_built() && device.is_cuda();
   workload.json_fields =
       fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}, "
                   "\"fused_kernels\": {}",
-                  flags.str("preset"), seq, fp8_scaling, config.fused_kernels && llama::ops::fused_kernels_built() && device.is_cuda());
+                  flags.str("preset"), seq, fp8_scaling, fused_kernels_ran);
   return workload;
 }
 
@@ -293,7 +294,8 @@ int main(int argc, char** argv) try {
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
-      .add_switch("unfused", "LLaMA: RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch's reference runs, not fused kernels")
+      .add_switch("unfused",
+                  "LLaMA: RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch's reference runs, not fused kernels")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add("json", "", "append the result to this file, one JSON object per line (rank 0)")
       .add("profile-trace", "", "after the timed steps, profile one more and write its Chrome trace here (rank 0)");

@@ -226,10 +226,14 @@ void check_input(const at::Tensor& t, const at::Tensor& like, const char* what, 
               " must be contiguous on ", like.device(), ", got ", t.sizes(), " on ", t.device());
 }
 
+/// Blocks of kThreads that fill the current GPU once (2048 threads per SM).
+int64_t resident_blocks() {
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads);
+}
+
 /// Blocks for a grid-stride loop over `packs` elements: enough to fill the GPU.
 unsigned grid_for(int64_t packs) {
-  const int64_t resident = at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads);
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min((packs + kThreads - 1) / kThreads, resident)));
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min((packs + kThreads - 1) / kThreads, resident_blocks())));
 }
 
 }  // namespace
@@ -282,8 +286,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, co
   if (rows == 0) return {grad_x, at::zeros_like(weight)};
   const c10::cuda::CUDAGuard device_guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const unsigned blocks = static_cast<unsigned>(
-      std::min<int64_t>(rows, at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads)));
+  const unsigned blocks = static_cast<unsigned>(std::min(rows, resident_blocks()));
   at::Tensor weight_partials = at::empty({blocks, cols}, weight.options());
   const bool vectorized = cols % 4 == 0 && aligned(x.data_ptr(), 4 * x.element_size()) &&
                           aligned(grad_y.data_ptr(), 4 * grad_y.element_size()) &&

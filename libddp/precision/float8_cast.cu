@@ -263,7 +263,9 @@ __global__ void __launch_bounds__(kHistoryThreads)
     }
   }
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
+  for (int offset = 16; offset > 0; offset /= 2) {
+    max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
+  }
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
   __syncthreads();
   if (threadIdx.x == 0) {

@@ -69,7 +69,9 @@ TEST(LlamaFusedOps, RmsNormMatchesAten) {
       const auto weight = 1 + 0.5 * torch::randn({cols}, torch::TensorOptions().device(kGpu));
       expect_fused_matches_aten(
           {x, weight},
-          [](const std::vector<torch::Tensor>& in, bool fused) { return llama::ops::rms_norm(in[0], in[1], 1e-5, fused); },
+          [](const std::vector<torch::Tensor>& in, bool fused) {
+            return llama::ops::rms_norm(in[0], in[1], 1e-5, fused);
+          },
           dtype, "rms_norm " + std::string(c10::toString(dtype)) + " cols " + std::to_string(cols));
     }
   }
@@ -184,7 +186,8 @@ TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
   config.ffn_hidden = 704;
   config.max_seq_len = 128;
   torch::manual_seed(5);
-  const auto tokens = torch::randint(config.vocab_size, {4, 128}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
+  const auto tokens =
+      torch::randint(config.vocab_size, {4, 128}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
   torch::Tensor logits[2];
   std::vector<torch::Tensor> grads[2];
   for (const bool fused : {false, true}) {
