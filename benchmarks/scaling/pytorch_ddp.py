@@ -62,6 +62,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 RESNET50_PARAMETERS = 25_557_032
 
@@ -291,6 +292,9 @@ def parse_args():
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--json", required=True, help="JSON-lines file rank 0 appends the result to")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="dtype the gradients are all-reduced in; bf16 registers PyTorch's bf16_compress_hook "
+                        "(only where there is more than one process), as scaling_bench --reduce-dtype")
     parser.add_argument("--profile-trace", help="after the timed steps, profile one more and write its Chrome trace here "
                         "(rank 0), as scaling_bench --profile-trace")
     args = parser.parse_args()
@@ -422,6 +426,8 @@ def run(args, rank, world_size, device):
     model, optimizer, loss_fn, params, flops_per_item = build(args, device, generator)
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                     gradient_as_bucket_view=True, bucket_cap_mb=25)
+    if args.reduce_dtype == "bf16" and world_size > 1:
+        ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook)
 
     def step(clock=None, index=0):
         if clock:
@@ -521,6 +527,7 @@ def main():
         "image_size": args.image_size,
         "steps": args.steps,
         "warmup": args.warmup,
+        "reduce_dtype": args.reduce_dtype,
         "unit": "img/s" if args.model == "resnet50" else "tok/s",
         "torch_version": torch.__version__,
     }

@@ -64,6 +64,9 @@ def parse_args():
     parser.add_argument("--libddp-unfused", action="store_true",
                         help="LLaMA: libddp runs RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch runs "
                              "(scaling_bench --unfused), so that the ratio compares the DDP runtimes alone")
+    parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="dtype both sides all-reduce the gradients in; bf16: libddp's comm_hooks::average_in "
+                             "and PyTorch's bf16_compress_hook (halves the bytes, rounds the gradients)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -173,7 +176,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
         bench_args += ["--preset", config["preset"], "--seq", str(config["seq"])]
     else:
         bench_args += ["--image-size", str(config["image_size"])]
-    bench_args += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--json", json_path]
+    bench_args += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--json", json_path,
+                   "--reduce-dtype", args.reduce_dtype]
     if args.device == "cpu":  # both sides default to the GPUs
         bench_args += ["--device", "cpu"]
     if impl == "libddp":
@@ -345,6 +349,10 @@ def markdown(report, args):
         elif False in fused:
             why = "`--libddp-unfused`" if args.libddp_unfused else "this device or build has no fused kernels"
             lines += [f"libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch ({why}).", ""]
+        if args.reduce_dtype != "fp32":
+            lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
+                      "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "
+                      "nothing.", ""]
         header = ["precision", "GPUs", f"libddp {unit}", f"PyTorch {unit}", "libddp / PyTorch", "libddp eff",
                   "PyTorch eff", "libddp fwd / bwd / comm / opt ms", "PyTorch fwd / bwd / opt ms",
                   "peak GiB libddp / PyTorch"]

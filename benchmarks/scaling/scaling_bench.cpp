@@ -294,6 +294,9 @@ int main(int argc, char** argv) try {
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
+      .add("reduce-dtype", "fp32",
+           "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
+           "bf16_compress_hook; only where there is more than one process)")
       .add_switch("unfused",
                   "LLaMA: RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch's reference runs, not fused kernels")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
@@ -321,9 +324,15 @@ int main(int argc, char** argv) try {
   torch::manual_seed(0);
 
   const bool timeline = !flags.on("no-timeline") && device.is_cuda();
-  const auto options = ddp::DistributedDataParallelOptions()
-                           .bucket_cap_mb(flags.real("bucket-cap-mb"))
-                           .record_timeline(timeline);
+  auto options = ddp::DistributedDataParallelOptions()
+                     .bucket_cap_mb(flags.real("bucket-cap-mb"))
+                     .record_timeline(timeline);
+  const std::string reduce_dtype = flags.str("reduce-dtype");
+  if (reduce_dtype != "fp32" && reduce_dtype != "bf16") flags.fail("--reduce-dtype must be fp32 or bf16");
+  // One process reduces nothing, so its row stays the baseline of the scaling efficiency.
+  if (reduce_dtype == "bf16" && process_group->world_size() > 1) {
+    options.comm_hook(ddp::comm_hooks::average_in(at::kBFloat16));
+  }
   const std::int64_t batch = flags.given("batch") ? flags.integer("batch") : model_name == "resnet50" ? 128 : 4;
   if (batch < 1) flags.fail("--batch must be at least 1");
   const Workload workload = model_name == "resnet50" ? resnet50_workload(flags, batch, process_group, policy, options)
@@ -389,11 +398,11 @@ int main(int argc, char** argv) try {
       "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
-      "\"torch_version\": \"{}\"}}",
+      "\"reduce_dtype\": \"{}\", \"torch_version\": \"{}\"}}",
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward), mean(optimizer),
       timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops, final_loss,
-      flags.real("bucket-cap-mb"), TORCH_VERSION);
+      flags.real("bucket-cap-mb"), reduce_dtype, TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

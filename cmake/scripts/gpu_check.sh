@@ -84,20 +84,23 @@ step examples run_examples
 # libddp against PyTorch DDP, 1..N GPUs; SCALING_ARGS is split into words on purpose.
 # shellcheck disable=SC2086
 step scaling python3 benchmarks/scaling/run_scaling.py --build build/gpu --out "$out" --prefix scaling ${SCALING_ARGS:-}
-# One step of each model on one GPU under the profiler, libddp and PyTorch, and
-# the kernels that differ (PROFILE_CONFIGS: model:precision pairs).
+# One step of each model under the profiler (rank 0 of PROFILE_GPUS, default 1),
+# libddp and PyTorch, and the kernels that differ (PROFILE_CONFIGS: model:precision
+# pairs; PROFILE_LIBDDP_ARGS: more scaling_bench flags, e.g. --unfused).
 profile_steps() {
-  local config model precision rc=0
+  local config model precision name gpus=${PROFILE_GPUS:-1} rc=0
   for config in ${PROFILE_CONFIGS:-llama:bf16 resnet50:bf16 llama:fp8}; do
-    model=${config%%:*} precision=${config#*:}
-    build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench --model $model \
-      --precision $precision --warmup 5 --steps 5 --profile-trace "$out/profile-$model-$precision-libddp.json" || rc=1
+    model=${config%%:*} precision=${config#*:} name=$out/profile-$model-$precision-${gpus}gpu
+    # shellcheck disable=SC2086
+    build/gpu/libddp/ddprun --nproc-per-node $gpus --standalone build/gpu/benchmarks/scaling/scaling_bench \
+      --model $model --precision $precision --warmup 5 --steps 5 --json "$name-rows.jsonl" \
+      --profile-trace "$name-libddp.json" ${PROFILE_LIBDDP_ARGS:-} || rc=1
     [[ $precision == fp8 ]] && continue  # no PyTorch fp8 here (torchao)
-    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/scaling/pytorch_ddp.py --model $model \
-      --precision $precision --warmup 5 --steps 5 --json "$out/profile-rows.jsonl" \
-      --profile-trace "$out/profile-$model-$precision-pytorch.json" || rc=1
-    python3 benchmarks/scaling/kernel_diff.py --labels libddp,pytorch "$out/profile-$model-$precision-libddp.json" \
-      "$out/profile-$model-$precision-pytorch.json" | tee "$out/profile-$model-$precision-diff.txt" || rc=1
+    python3 -m torch.distributed.run --standalone --nproc-per-node $gpus benchmarks/scaling/pytorch_ddp.py \
+      --model $model --precision $precision --warmup 5 --steps 5 --json "$name-rows.jsonl" \
+      --profile-trace "$name-pytorch.json" || rc=1
+    python3 benchmarks/scaling/kernel_diff.py --labels libddp,pytorch "$name-libddp.json" "$name-pytorch.json" \
+      | tee "$name-diff.txt" || rc=1
   done
   return $rc
 }
