@@ -1,9 +1,11 @@
 // The fused optimizers on a GPU take the fused kernels and match LibTorch's
-// own optimizers (FusedAdamW AdamW, FusedSGD SGD), and each reads the other's
-// checkpoints.
+// own optimizers (FusedAdamW AdamW, FusedSGD SGD), each reads the other's
+// checkpoints, and a step never makes the host wait for the device.
 
 #include <sstream>
 
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -72,6 +74,29 @@ TEST(FusedSGD, MatchesSGDAndSharesItsCheckpoints) {
   expect_matches_and_shares_checkpoints<ddp::optim::FusedSGD, torch::optim::SGD>(
       torch::optim::SGDOptions(1e-2).momentum(0.9).nesterov(true));
   expect_matches_and_shares_checkpoints<ddp::optim::FusedSGD, torch::optim::SGD>(torch::optim::SGDOptions(1e-2));
+}
+
+/// A step returns while the device still runs what was queued before it: a
+/// step that waited for the device would leave the GPU idle while the host
+/// launches the step's kernels, every iteration.
+template <typename Fused, typename Options>
+void expect_step_does_not_wait_for_the_device(const Options& options) {
+  auto params = make_parameters();
+  Fused optimizer(params, options);
+  for (int step = 0; step < 2; ++step) {  // the first step creates the state, the second only updates it
+    set_gradients(params, step);
+    at::cuda::sleep(int64_t{1} << 31);  // about a second on any current GPU
+    optimizer.step();
+    EXPECT_FALSE(at::cuda::getCurrentCUDAStream().query())
+        << "step " << step << " returned only once the device had finished the work queued before it";
+    torch::cuda::synchronize();
+  }
+}
+
+TEST(FusedOptimizers, StepDoesNotWaitForTheDevice) {
+  expect_step_does_not_wait_for_the_device<ddp::optim::FusedAdamW>(
+      torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  expect_step_does_not_wait_for_the_device<ddp::optim::FusedSGD>(torch::optim::SGDOptions(1e-2).momentum(0.9));
 }
 
 }  // namespace
