@@ -99,7 +99,7 @@ profile_steps() {
     python3 -m torch.distributed.run --standalone --nproc-per-node $gpus benchmarks/scaling/pytorch_ddp.py \
       --model $model --precision $precision --warmup 5 --steps 5 --json "$name-rows.jsonl" \
       --profile-trace "$name-pytorch.json" || rc=1
-    python3 benchmarks/scaling/kernel_diff.py --labels libddp,pytorch "$name-libddp.json" "$name-pytorch.json" \
+    python3 benchmarks/scaling/kernel_diff.py --labels libddp,pytorch --gaps 10 "$name-libddp.json" "$name-pytorch.json" \
       | tee "$name-diff.txt" || rc=1
   done
   return $rc
