@@ -91,7 +91,7 @@ def main():
         print(f"\n{label}: {len(gaps)} idle stretches, {sum(g[1] for g in gaps) / 1e3:.2f} ms; the longest:")
         for start, length, before, after in gaps[:args.gaps]:
             print(f"  {length / 1e3:7.3f} ms at {(start - first) / 1e3:8.2f} ms, after {shorten(before)}\n"
-                  f"  {'':>28}before {shorten(after)}")
+                  f"  {'':>26}before {shorten(after)}")
 
     totals = [by_name(evs) for evs in events]
     names = set(totals[0]) | set(totals[1])

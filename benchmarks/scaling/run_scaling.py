@@ -14,7 +14,8 @@ through untouched: NCCL_* variables are the machine's business.
 
 Derived per row: scaling_efficiency = (throughput_N / N) / (throughput_B / B)
 with B the smallest GPU count measured for the same impl, model and precision
-(normally 1), and for LLaMA mfu = tflops_per_gpu / the bf16 matmul peak
+(normally 1; none when that is the row's own count above 1, so that a run of
+--gpus 2 alone shows no efficiency rather than 100%), and for LLaMA mfu = tflops_per_gpu / the bf16 matmul peak
 measured once at the start (8192^3, best of several timed repetitions).
 """
 
@@ -66,7 +67,8 @@ def parse_args():
                              "(scaling_bench --unfused), so that the ratio compares the DDP runtimes alone")
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="dtype both sides all-reduce the gradients in; bf16: libddp's comm_hooks::average_in "
-                             "and PyTorch's bf16_compress_hook (halves the bytes, rounds the gradients)")
+                             "and PyTorch's bf16_compress_hook (rounds the gradients; halves the bytes on NCCL, "
+                             "while Gloo reduces 16-bit tensors in fp32)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -271,8 +273,11 @@ def derive(rows, peak_tflops):
             continue
         peers = [r for r in rows if measured(r) and all(r[k] == row[k] for k in ("impl", "model", "preset", "precision"))]
         base = min(peers, key=lambda r: r["gpus"])
-        row["efficiency_base_gpus"] = base["gpus"]
-        row["scaling_efficiency"] = (row["throughput"] / row["gpus"]) / (base["throughput"] / base["gpus"])
+        if base["gpus"] == row["gpus"] and row["gpus"] > 1:
+            row["efficiency_base_gpus"], row["scaling_efficiency"] = None, None
+        else:
+            row["efficiency_base_gpus"] = base["gpus"]
+            row["scaling_efficiency"] = (row["throughput"] / row["gpus"]) / (base["throughput"] / base["gpus"])
         tflops = row.get("tflops_per_gpu")
         row["mfu"] = tflops / peak_tflops if tflops is not None and peak_tflops else None
     comparisons = []
@@ -497,12 +502,14 @@ def svg(report, args):
                           key=lambda r: r["gpus"])
             style = (f"{impl} {precision}", COLORS[precision], "none" if impl == "libddp" else "6,4")
             throughput.append(style + ([(r["gpus"], r["throughput"]) for r in mine],))
-            efficiency.append(style + ([(r["gpus"], r["scaling_efficiency"]) for r in mine],))
+            efficiency.append(style + ([(r["gpus"], r["scaling_efficiency"]) for r in mine
+                                        if r["scaling_efficiency"] is not None],))
         unit = model_rows[0]["unit"]
         title = MODEL_TITLES[model] + (f" {model_rows[0]['preset']}" if model == "llama" else "")
         out += panel(0, y0, f"{title}: throughput", f"throughput ({unit})", throughput, xs,
                      nice_ticks(max(r["throughput"] for r in model_rows)), short_number)
-        top_efficiency = max(1.1, max(r["scaling_efficiency"] for r in model_rows) * 1.05)
+        top_efficiency = max([1.1] + [r["scaling_efficiency"] * 1.05 for r in model_rows
+                                      if r["scaling_efficiency"] is not None])
         out += panel(PANEL_W + 20, y0, f"{title}: scaling efficiency", "scaling efficiency",
                      efficiency, xs, nice_ticks(top_efficiency), lambda v: f"{100 * v:.0f}%", reference=1.0)
         legend_y = y0 + PANEL_H + 8

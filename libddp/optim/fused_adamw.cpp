@@ -62,8 +62,9 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       // memory and asynchronous: a copy from pageable memory makes the host
       // wait for everything queued before it (the whole backward), and the GPU
       // then idles while the host launches the optimizer's kernels.
-      const at::Tensor steps =
-          at::tensor(list.steps, at::kFloat).pin_memory().to(list.params.front().device(), at::kFloat, /*non_blocking=*/true);
+      const at::Tensor steps = at::tensor(list.steps, at::kFloat)
+                                   .pin_memory()
+                                   .to(list.params.front().device(), at::kFloat, /*non_blocking=*/true);
       std::vector<at::Tensor> step_views;
       for (int64_t i = 0; i < steps.numel(); ++i) step_views.push_back(steps[i]);
       const auto [beta1, beta2] = options.betas();

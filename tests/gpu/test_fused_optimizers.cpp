@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/Sleep.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -83,12 +83,20 @@ template <typename Fused, typename Options>
 void expect_step_does_not_wait_for_the_device(const Options& options) {
   auto params = make_parameters();
   Fused optimizer(params, options);
-  for (int step = 0; step < 2; ++step) {  // the first step creates the state, the second only updates it
+  ASSERT_TRUE(optimizer.fused());
+  // A first step loads the kernels and allocates pinned memory, which may
+  // synchronise the device once; what must not wait is a step in training.
+  set_gradients(params, 0);
+  optimizer.step();
+  torch::cuda::synchronize();
+  for (int step = 1; step < 3; ++step) {
     set_gradients(params, step);
     at::cuda::sleep(int64_t{1} << 31);  // about a second on any current GPU
+    at::cuda::CUDAEvent slept;
+    slept.record();  // on the current stream, after the sleep and before the step's own work
     optimizer.step();
-    EXPECT_FALSE(at::cuda::getCurrentCUDAStream().query())
-        << "step " << step << " returned only once the device had finished the work queued before it";
+    EXPECT_FALSE(slept.query()) << "step " << step
+                                << " returned only once the device had finished the work queued before it";
     torch::cuda::synchronize();
   }
 }
