@@ -528,6 +528,7 @@ def main():
         "steps": args.steps,
         "warmup": args.warmup,
         "reduce_dtype": args.reduce_dtype,
+        "nccl_env": {name: value for name, value in sorted(os.environ.items()) if name.startswith("NCCL_")},
         "unit": "img/s" if args.model == "resnet50" else "tok/s",
         "torch_version": torch.__version__,
     }

@@ -330,7 +330,9 @@ def markdown(report, args):
                  f"driver {run.get('driver_version') or '—'} | CUDA {run.get('cuda_runtime') or '—'} | "
                  f"PyTorch {run.get('torch_version') or '—'} | NCCL {run.get('nccl_version') or '—'} | "
                  f"libddp's LibTorch {run.get('libtorch_version') or '—'} | "
-                 f"bf16 matmul peak {fmt(run.get('bf16_matmul_peak_tflops'))} TFLOP/s (8192³)")
+                 f"bf16 matmul peak {fmt(run.get('bf16_matmul_peak_tflops'))} TFLOP/s (8192³) | "
+                 "NCCL settings: " + (" ".join(f"`{name}={value}`" for name, value in run.get("nccl_env", {}).items())
+                                      or "none"))
     lines.append("")
     lines.append(f"{run['steps']} timed steps after {run['warmup']} warm-up steps; synthetic data made once on "
                  "the device. Throughput counts all GPUs. Efficiency: per-GPU throughput relative to the smallest "
@@ -558,7 +560,8 @@ def main():
     run = {"date_utc": f"{date:%Y-%m-%d %H:%M} UTC", "commit": git_commit(), "device": args.device,
            "libtorch_version": ", ".join(libtorch) or None, "python_version": platform.python_version(),
            "steps": args.steps, "warmup": args.warmup, "quick": args.quick,
-           "configs": QUICK if args.quick else FULL, "command": shlex.join([sys.executable] + sys.argv)} | info
+           "configs": QUICK if args.quick else FULL, "command": shlex.join([sys.executable] + sys.argv),
+           "nccl_env": {name: value for name, value in sorted(os.environ.items()) if name.startswith("NCCL_")}} | info
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, args.prefix)
     files = {"json": base + ".json", "md": base + ".md", "svg": base + ".svg"}

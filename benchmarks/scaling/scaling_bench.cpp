@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -49,7 +50,39 @@
 #include "resnet.h"
 #include "resnet_training.h"
 
+extern char** environ;  // POSIX: the process's environment
+
 namespace {
+
+/// `text` as a JSON string literal.
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+/// The NCCL_* variables this run saw, as a JSON object: a row says which NCCL
+/// settings it was measured under (the launcher passes the environment through).
+std::string nccl_environment_json() {
+  std::vector<std::string> entries;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string variable = *entry;
+    const auto equals = variable.find('=');
+    if (variable.rfind("NCCL_", 0) != 0 || equals == std::string::npos) continue;
+    entries.push_back(json_string(variable.substr(0, equals)) + ": " + json_string(variable.substr(equals + 1)));
+  }
+  std::sort(entries.begin(), entries.end());
+  return fmt::format("{{{}}}", fmt::join(entries, ", "));
+}
 
 /// One training step split into the phases the report shows (between
 /// forward_loss and optimizer_step: loss.backward()).
@@ -398,11 +431,11 @@ int main(int argc, char** argv) try {
       "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
-      "\"reduce_dtype\": \"{}\", \"torch_version\": \"{}\"}}",
+      "\"reduce_dtype\": \"{}\", \"nccl_env\": {}, \"torch_version\": \"{}\"}}",
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward), mean(optimizer),
       timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops, final_loss,
-      flags.real("bucket-cap-mb"), reduce_dtype, TORCH_VERSION);
+      flags.real("bucket-cap-mb"), reduce_dtype, nccl_environment_json(), TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {
