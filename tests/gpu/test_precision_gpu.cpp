@@ -16,7 +16,6 @@ using ddp::testing::relative_error;
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
-
 TEST(Tf32, ChangesALargeMatmulByTheExpectedError) {
   torch::manual_seed(0);
   const auto a = torch::randn({4096, 4096}, torch::TensorOptions().device(kGpu));
