@@ -46,9 +46,13 @@ struct Float8Options {
   TORCH_ARG(bool, enabled) = true;
 };
 
+class Float8LinearImpl;
+
 namespace detail {
 struct Float8LinearState;
-}
+/// The layer's FP8 state; null while FP8 is off or before its first forward.
+Float8LinearState* float8_state(Float8LinearImpl& layer);
+}  // namespace detail
 
 /// A drop-in for torch::nn::Linear whose matmuls run in FP8 on sm_89+ GPUs:
 /// the same constructor, parameters (`weight`, `bias`), initialisation and
@@ -97,9 +101,11 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   void load(torch::serialize::InputArchive& archive) override;
 
   /// The latest amaxes of this layer's input, weight and output gradient
-  /// (delayed scaling), to reduce across ranks; see all_reduce_amaxes().
+  /// (delayed scaling): views of the newest entries of the amax histories,
+  /// which the amaxes of the casts since the last update enter first.
   std::vector<at::Tensor> latest_amaxes();
-  /// Recomputes the scales from the amax histories (after a reduction).
+  /// Recomputes the scales from the amax histories (after changing them,
+  /// e.g. reducing them across ranks).
   void refresh_scales();
 
   /// The Linear options it was constructed with.
@@ -112,6 +118,8 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   at::Tensor bias;
 
  private:
+  friend detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer);
+
   std::shared_ptr<detail::Float8LinearState> state_;
 };
 /// The module holder of Float8LinearImpl, used as torch::nn::Linear is.
@@ -135,9 +143,14 @@ using Filter = std::function<bool(const std::string& path, const Float8LinearImp
 /// as Float8Linear to run in FP8. Throws UsageError where FP8 cannot run.
 Report enable_float8(torch::nn::Module& model, const Float8Options& options = {}, const Filter& filter = nullptr);
 
-/// Under delayed scaling, makes every rank use the same scales: max-reduces
-/// the latest amaxes of all Float8Linear layers of `model` in one all-reduce
-/// and recomputes their scales. Call once per iteration after backward.
+/// Delayed scaling's once-per-iteration update: enters the amaxes that the
+/// Float8Linear layers of `model` took in this iteration's casts into their
+/// histories and recomputes the scales, in a few kernel launches for the
+/// whole model. With more than one rank the amaxes are first max-reduced in
+/// one all-reduce, so that every rank casts with the same scales (and a
+/// layer that ran on no rank records an amax of zero, which keeps its
+/// scale). Call once per iteration after backward, on one rank too: without
+/// it each cast updates its own history, one small kernel per cast.
 void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group);
 
 }  // namespace float8

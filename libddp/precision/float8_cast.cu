@@ -233,17 +233,36 @@ bool aligned(const void* pointer, std::uintptr_t bytes) {
 }
 
 constexpr int kHistoryThreads = 256;
+// Histories per launch: their pointers travel as a kernel parameter, which
+// stays within the 4 KiB every CUDA version accepts.
+constexpr int kHistoriesPerLaunch = 64;
 
-/// See update_amax_history. One block: histories are short (Transformer
-/// Engine's default is 1024 entries) and one launch per cast is the point.
+struct HistoryPointers {
+  float* history;
+  float* amax;  // null: only the scale is recomputed
+  float* scale;
+  int64_t length;
+  float target;
+  bool use_max;
+};
+
+struct HistoryBatch {
+  HistoryPointers histories[kHistoriesPerLaunch];
+};
+static_assert(sizeof(HistoryBatch) + sizeof(float*) <= 4096, "the kernel parameters must fit in 4 KiB");
+
+/// See update_amax_histories: block b updates history b of the batch, with
+/// entered[b] (if given) as its newest amax.
 __global__ void __launch_bounds__(kHistoryThreads)
-    update_amax_history_kernel(float* __restrict__ history, int64_t length, float* __restrict__ amax,
-                               float* __restrict__ scale, float target, bool use_max) {
+    update_amax_histories_kernel(const HistoryBatch batch, const float* __restrict__ entered) {
+  const HistoryPointers h = batch.histories[blockIdx.x];
+  float* const history = h.history;
+  const bool shift = h.amax != nullptr || entered != nullptr;
   __shared__ float newest;
   __shared__ int warp_max[kHistoryThreads / 32];
-  if (threadIdx.x == 0 && amax != nullptr) {
-    newest = *amax;
-    *amax = 0.0f;
+  if (threadIdx.x == 0 && shift) {
+    newest = entered != nullptr ? entered[blockIdx.x] : *h.amax;
+    if (h.amax != nullptr) *h.amax = 0.0f;
   }
   __syncthreads();
 
@@ -251,14 +270,14 @@ __global__ void __launch_bounds__(kHistoryThreads)
   // entries one below its own before any of them is overwritten, and the
   // barrier keeps a chunk's reads ahead of its writes.
   int max_bits = 0;
-  const int64_t last_chunk = (length - 1) / kHistoryThreads * kHistoryThreads;
+  const int64_t last_chunk = (h.length - 1) / kHistoryThreads * kHistoryThreads;
   for (int64_t chunk = last_chunk; chunk >= 0; chunk -= kHistoryThreads) {
     const int64_t i = chunk + threadIdx.x;
     float value = 0.0f;
-    if (i < length) value = amax == nullptr ? history[i] : (i == 0 ? newest : history[i - 1]);
+    if (i < h.length) value = !shift ? history[i] : (i == 0 ? newest : history[i - 1]);
     __syncthreads();
-    if (i < length) {
-      if (amax != nullptr) history[i] = value;
+    if (i < h.length) {
+      if (shift) history[i] = value;
       max_bits = max(max_bits, abs_bits(value));
     }
   }
@@ -271,8 +290,8 @@ __global__ void __launch_bounds__(kHistoryThreads)
   if (threadIdx.x == 0) {
     for (int w = 1; w < kHistoryThreads / 32; ++w) max_bits = max(max_bits, warp_max[w]);
     // The history holds amaxes (>= 0 or NaN), so the bits' maximum is theirs.
-    const float history_amax = use_max ? __int_as_float(max_bits) : (amax != nullptr ? newest : history[0]);
-    if (isfinite(history_amax) && history_amax > 0.0f) *scale = target / at_least_min_amax(history_amax);
+    const float history_amax = h.use_max ? __int_as_float(max_bits) : (shift ? newest : history[0]);
+    if (isfinite(history_amax) && history_amax > 0.0f) *h.scale = h.target / at_least_min_amax(history_amax);
   }
 }
 
@@ -284,20 +303,41 @@ void check_scalar(const at::Tensor& tensor, const at::Tensor& input, const char*
 
 }  // namespace
 
-void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float target,
-                         bool use_max) {
-  const char* const what = "update_amax_history: ";
-  TORCH_CHECK(history.is_cuda() && history.dim() == 1 && history.numel() > 0 && history.is_contiguous() &&
-                  history.scalar_type() == at::kFloat,
-              what, "history must be a non-empty contiguous 1-D fp32 CUDA tensor, got ", history.sizes(), " ",
-              history.scalar_type(), " on ", history.device());
-  check_scalar(scale, history, what, "scale");
-  if (amax.defined()) check_scalar(amax, history, what, "amax");
-  const c10::cuda::CUDAGuard device_guard(history.device());
-  update_amax_history_kernel<<<1, kHistoryThreads, 0, c10::cuda::getCurrentCUDAStream(history.get_device())>>>(
-      history.data_ptr<float>(), history.numel(), amax.defined() ? amax.data_ptr<float>() : nullptr,
-      scale.data_ptr<float>(), target, use_max);
-  check_cuda(cudaGetLastError(), "update_amax_history_kernel<<<...>>>");
+void update_amax_histories(const std::vector<AmaxHistoryUpdate>& updates, const at::Tensor& entered) {
+  const char* const what = "update_amax_histories: ";
+  if (updates.empty()) return;
+  const at::Tensor& first = updates.front().history;
+  for (const AmaxHistoryUpdate& update : updates) {
+    const at::Tensor& history = update.history;
+    TORCH_CHECK(history.is_cuda() && history.device() == first.device() && history.dim() == 1 && history.numel() > 0 &&
+                    history.is_contiguous() && history.scalar_type() == at::kFloat,
+                what, "every history must be a non-empty contiguous 1-D fp32 tensor on ", first.device(), ", got ",
+                history.sizes(), " ", history.scalar_type(), " on ", history.device());
+    check_scalar(update.scale, history, what, "scale");
+    if (update.amax.defined()) check_scalar(update.amax, history, what, "amax");
+  }
+  const int64_t count = static_cast<int64_t>(updates.size());
+  if (entered.defined()) {
+    TORCH_CHECK(entered.device() == first.device() && entered.dim() == 1 && entered.numel() == count &&
+                    entered.is_contiguous() && entered.scalar_type() == at::kFloat,
+                what, "entered must be a contiguous [", count, "] fp32 tensor on ", first.device(), ", got ",
+                entered.sizes(), " ", entered.scalar_type(), " on ", entered.device());
+  }
+  const c10::cuda::CUDAGuard device_guard(first.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(first.get_device());
+  for (int64_t start = 0; start < count; start += kHistoriesPerLaunch) {
+    const int64_t blocks = std::min<int64_t>(kHistoriesPerLaunch, count - start);
+    HistoryBatch batch{};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const AmaxHistoryUpdate& update = updates[start + b];
+      batch.histories[b] = {update.history.data_ptr<float>(),
+                            update.amax.defined() ? update.amax.data_ptr<float>() : nullptr,
+                            update.scale.data_ptr<float>(), update.history.numel(), update.target, update.use_max};
+    }
+    update_amax_histories_kernel<<<static_cast<unsigned>(blocks), kHistoryThreads, 0, stream>>>(
+        batch, entered.defined() ? entered.data_ptr<float>() + start : nullptr);
+    check_cuda(cudaGetLastError(), "update_amax_histories_kernel<<<...>>>");
+  }
 }
 
 void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,

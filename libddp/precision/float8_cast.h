@@ -6,6 +6,8 @@
 // over the tensor, which on LLaMA-sized layers cost more than the FP8 GEMMs
 // save. No CUDA headers here: float8_scaling.cpp includes it.
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace ddp::detail {
@@ -50,22 +52,39 @@ struct Float8CastOutputs {
 /// rounded to nearest even.
 ///
 /// Defined only where float8_cast.cu is compiled: LibTorch >= 2.1 with CUDA
-/// (DDP_WITH_CUDA_KERNELS), as is update_amax_history.
+/// (DDP_WITH_CUDA_KERNELS), as is update_amax_histories.
 void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,
                     const Float8CastOutputs& outputs);
 
-/// Delayed scaling's bookkeeping after a cast, in one single-block kernel
-/// where ATen takes a roll, two copies and five 1-element kernels: shifts
-/// `history` (fp32, newest first) by one, enters *amax as its newest entry
-/// and zeroes *amax for the next cast to accumulate into; then sets
-/// scale = target / max(history's amax, kFloat8MinAmax), the history's
-/// amax being its maximum (use_max) or its newest entry, and target the
-/// format's largest value / 2^margin. An amax that is not finite and > 0
-/// (nothing recorded yet, an all-zero tensor, an overflow, NaN) keeps the
-/// old scale, as in Transformer Engine. With `amax` undefined the history is
-/// left as it is and only the scale is recomputed (after the amaxes were
-/// reduced across ranks).
-void update_amax_history(const at::Tensor& history, const at::Tensor& amax, const at::Tensor& scale, float target,
-                         bool use_max);
+/// One amax history of delayed scaling and what update_amax_histories does to it.
+struct AmaxHistoryUpdate {
+  /// [length] fp32, newest first.
+  at::Tensor history;
+  /// 0-dim fp32: the amax to enter as the newest entry, zeroed for the next
+  /// cast to accumulate into. Undefined: the history is left as it is and only
+  /// the scale is recomputed (after the amaxes were reduced across ranks).
+  at::Tensor amax;
+  /// 0-dim fp32, recomputed.
+  at::Tensor scale;
+  /// The format's largest value / 2^margin.
+  float target = 0;
+  /// The history's amax is its maximum; false: its newest entry.
+  bool use_max = true;
+};
+
+/// Delayed scaling's bookkeeping, where ATen takes a roll, two copies and
+/// five 1-element kernels per history: for each update, shifts `history` by
+/// one, enters *amax as its newest entry and zeroes *amax; then sets
+/// scale = target / max(history's amax, kFloat8MinAmax). An amax that is not
+/// finite and > 0 (nothing recorded yet, an all-zero tensor, an overflow,
+/// NaN) keeps the old scale, as in Transformer Engine. With `entered` ([n]
+/// fp32, n = updates.size()), entered[i] enters history i in place of
+/// *updates[i].amax (which is still zeroed): the amaxes reduced across ranks.
+///
+/// One block per history (histories are short: Transformer Engine's default
+/// is 1024 entries), many histories per launch: a model's layers need a few
+/// launches, not one per cast. All tensors on one CUDA device; runs on its
+/// current stream.
+void update_amax_histories(const std::vector<AmaxHistoryUpdate>& updates, const at::Tensor& entered = {});
 
 }  // namespace ddp::detail

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <torch/nn/modules/linear.h>
 
+#include "precision/float8_scaling.h"
 #include "precision/float8_support.h"
 
 namespace ddp::float8 {
@@ -52,23 +53,27 @@ Report enable_float8(torch::nn::Module& model, const Float8Options& options, con
 }
 
 void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group) {
-  std::vector<Float8LinearImpl*> layers;
-  std::vector<at::Tensor> amaxes;
+  std::vector<detail::TensorScaling*> scalings;
   for (const auto& [path, module] : modules_with_paths(model)) {
-    if (auto* layer = dynamic_cast<Float8LinearImpl*>(module)) {
-      auto latest = layer->latest_amaxes();
-      if (latest.empty()) continue;
-      layers.push_back(layer);
-      amaxes.insert(amaxes.end(), latest.begin(), latest.end());
-    }
+    auto* layer = dynamic_cast<Float8LinearImpl*>(module);
+    detail::Float8LinearState* state = layer != nullptr ? detail::float8_state(*layer) : nullptr;
+    if (state == nullptr || !state->input.delayed()) continue;
+    scalings.insert(scalings.end(), {&state->input, &state->weight, &state->grad_output});
   }
-  if (amaxes.empty() || process_group.world_size() == 1) return;
+  if (scalings.empty()) return;
+  if (process_group.world_size() == 1) {
+    detail::TensorScaling::commit_pending_amaxes(scalings);
+    return;
+  }
+  // Every rank enters the largest amax of any rank, pending here or not, so
+  // that the histories, and the scales, stay the same on every rank.
+  std::vector<at::Tensor> pending;
+  pending.reserve(scalings.size());
+  for (detail::TensorScaling* scaling : scalings) pending.push_back(scaling->pending_amax());
   Communicator& communicator = process_group.communicator();
-  at::Tensor flat = at::cat(amaxes).to(communicator.device());
-  communicator.all_reduce(flat, ReduceOp::kMax)->wait_stream();
-  int64_t offset = 0;
-  for (auto& amax : amaxes) amax.copy_(flat.narrow(0, offset++, 1));
-  for (auto* layer : layers) layer->refresh_scales();
+  at::Tensor amaxes = at::stack(pending).to(communicator.device());
+  communicator.all_reduce(amaxes, ReduceOp::kMax)->wait_stream();
+  detail::TensorScaling::commit_pending_amaxes(scalings, amaxes);
 }
 
 }  // namespace ddp::float8

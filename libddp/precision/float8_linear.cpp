@@ -18,20 +18,6 @@
 namespace ddp {
 namespace detail {
 
-/// The scaling of the three tensors a Float8Linear casts, and the device it
-/// was checked to run FP8 on.
-struct Float8LinearState {
-  TensorScaling input;
-  TensorScaling weight;
-  TensorScaling grad_output;
-  c10::Device device{c10::kCPU};
-
-  void to(const c10::Device& target) {
-    for (TensorScaling* scaling : {&input, &weight, &grad_output}) scaling->to(target);
-    device = target;
-  }
-};
-
 /// check_device: whether `device` must be able to run FP8 now; a state
 /// loaded from a checkpoint on the CPU is checked when it meets its GPU.
 std::shared_ptr<Float8LinearState> make_float8_state(const Float8Options& options, const c10::Device& device,
@@ -230,6 +216,8 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
 #endif
 }
 
+detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer) { return layer.state_.get(); }
+
 std::vector<at::Tensor> Float8LinearImpl::latest_amaxes() {
   if (!state_ || !state_->input.delayed()) return {};
   return {state_->input.latest_amax(), state_->weight.latest_amax(), state_->grad_output.latest_amax()};
@@ -245,6 +233,9 @@ void Float8LinearImpl::refresh_scales() {
 void Float8LinearImpl::save(torch::serialize::OutputArchive& archive) const {
   torch::nn::Module::save(archive);
   if (!state_ || !state_->input.delayed()) return;
+  for (detail::TensorScaling* scaling : {&state_->input, &state_->weight, &state_->grad_output}) {
+    scaling->commit_pending_amax();
+  }
   // Beside weight and bias, not among the buffers, so that the parameters
   // and their keys stay those of torch::nn::Linear.
   torch::serialize::OutputArchive scaling(archive.compilation_unit());
@@ -276,6 +267,7 @@ void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
                                    "use the same amax_history_len",
                                    history.numel(), tensor_scaling->amax_history().numel()));
     }
+    tensor_scaling->commit_pending_amax();  // so that no amax from before the load enters the loaded history
     tensor_scaling->amax_history().copy_(history);
     tensor_scaling->scale().copy_(scale);
   }

@@ -55,10 +55,11 @@ TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float
     : options_(options), float8_dtype_(float8_dtype) {
   if (delayed()) {
     const auto fp32 = at::TensorOptions().device(device).dtype(at::kFloat);
-    amax_history_ = at::zeros({options.amax_history_len()}, fp32);
+    state_ = c10::make_intrusive<DelayedScalingState>();
+    state_->amax_history = at::zeros({options.amax_history_len()}, fp32);
     // Until an amax is recorded the cast is unscaled, as in Transformer Engine.
-    scale_ = at::ones({}, fp32);
-    pending_amax_ = at::zeros({}, fp32);
+    state_->scale = at::ones({}, fp32);
+    state_->pending_amax = at::zeros({}, fp32);
   }
 }
 
@@ -69,6 +70,10 @@ double TensorScaling::scale_target() const {
 Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed, bool with_data) {
   TORCH_CHECK(with_data || with_transposed, "TensorScaling::cast: asked for neither the data nor its transpose");
   const double largest = largest_finite(float8_dtype_);
+  // The scale of this cast comes from every earlier amax (values may exceed
+  // the format's range: the cast saturates them); this cast's amax, taken
+  // in the same pass, waits for the next commit.
+  commit_pending_amax();
 #ifdef DDP_WITH_CUDA_KERNELS
   if (fits_cast_kernel(tensor)) {
     // One kernel reads the tensor once, where ATen takes a pass each for the
@@ -82,12 +87,9 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
     if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, float8);
     outputs.inverse_scale = at::empty({}, input.options().dtype(at::kFloat));
     if (delayed()) {
-      // The scale comes from earlier amaxes, so values may exceed the
-      // format's range (the cast saturates them). This cast's amax, taken in
-      // the same pass, enters the history for the next one.
-      outputs.amax = pending_amax_;
-      cast_to_float8(input, Float8CastScale{scale_, /*from_amax=*/false}, static_cast<float>(largest), outputs);
-      update_amax_history(amax_history_, pending_amax_, scale_, static_cast<float>(scale_target()), use_max());
+      outputs.amax = state_->pending_amax;
+      cast_to_float8(input, Float8CastScale{state_->scale, /*from_amax=*/false}, static_cast<float>(largest), outputs);
+      state_->amax_pending = true;
     } else {
       // The amax maps to the largest finite value, so it is needed before
       // the cast, in a pass of its own.
@@ -101,38 +103,93 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
     return convert_with_aten(tensor, largest / amax_of(tensor).clamp_min(kFloat8MinAmax), largest, float8_dtype_,
                              with_transposed);
   }
-  // The conversion and the inverse scale are computed before the refresh
-  // below changes scale_ in place, so they need no copy of it.
-  Float8Tensor result = convert_with_aten(tensor, scale_, largest, float8_dtype_, with_transposed);
-  amax_history_.copy_(amax_history_.roll(1));
-  amax_history_.narrow(0, 0, 1).copy_(amax_of(tensor));
-  refresh_scale();
+  Float8Tensor result = convert_with_aten(tensor, state_->scale, largest, float8_dtype_, with_transposed);
+  state_->pending_amax.copy_(amax_of(tensor));
+  state_->amax_pending = true;
   return result;
 }
 
-at::Tensor TensorScaling::latest_amax() const {
-  return delayed() ? amax_history_.narrow(0, 0, 1) : at::Tensor();
+void TensorScaling::commit_pending_amax() {
+  if (amax_pending()) commit_pending_amaxes({this});
+}
+
+at::Tensor TensorScaling::latest_amax() {
+  if (!delayed()) return {};
+  commit_pending_amax();
+  return state_->amax_history.narrow(0, 0, 1);
 }
 
 void TensorScaling::refresh_scale() {
   if (!delayed()) return;
+  commit_pending_amax();
 #ifdef DDP_WITH_CUDA_KERNELS
-  if (amax_history_.is_cuda()) {
-    update_amax_history(amax_history_, /*amax=*/at::Tensor(), scale_, static_cast<float>(scale_target()), use_max());
+  if (state_->amax_history.is_cuda()) {
+    update_amax_histories({{state_->amax_history, /*amax=*/at::Tensor(), state_->scale,
+                            static_cast<float>(scale_target()), use_max()}});
     return;
   }
 #endif
-  const at::Tensor amax = use_max() ? amax_history_.max() : amax_history_.select(0, 0);
+  update_history_with_aten(/*amax=*/at::Tensor());
+}
+
+void TensorScaling::update_history_with_aten(const at::Tensor& amax) {
+  at::Tensor& history = state_->amax_history;
+  if (amax.defined()) {
+    history.copy_(history.roll(1));
+    history.narrow(0, 0, 1).copy_(amax.reshape({1}));
+  }
+  const at::Tensor history_amax = use_max() ? history.max() : history.select(0, 0);
   // A zero amax (nothing seen yet, or an all-zero tensor) keeps the old
   // scale, and so does an overflow: an infinite amax would zero the scale.
-  scale_.copy_(at::where(amax.isfinite() & (amax > 0), scale_target() / amax.clamp_min(kFloat8MinAmax), scale_));
+  at::Tensor& scale = state_->scale;
+  scale.copy_(at::where(history_amax.isfinite() & (history_amax > 0),
+                        scale_target() / history_amax.clamp_min(kFloat8MinAmax), scale));
+}
+
+void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& scalings, const at::Tensor& amaxes) {
+  std::vector<TensorScaling*> committed;
+  for (TensorScaling* scaling : scalings) {
+    if (scaling->delayed() && (amaxes.defined() || scaling->state_->amax_pending)) committed.push_back(scaling);
+  }
+  TORCH_CHECK(!amaxes.defined() || amaxes.numel() == static_cast<int64_t>(committed.size()),
+              "commit_pending_amaxes: ", amaxes.numel(), " amaxes for ", committed.size(), " delayed scalings");
+  std::vector<AmaxHistoryUpdate> updates;
+  std::vector<int64_t> update_rows;
+  for (std::size_t i = 0; i < committed.size(); ++i) {
+    TensorScaling& scaling = *committed[i];
+    DelayedScalingState& state = *scaling.state_;
+    state.amax_pending = false;
+#ifdef DDP_WITH_CUDA_KERNELS
+    if (state.amax_history.is_cuda()) {
+      updates.push_back({state.amax_history, state.pending_amax, state.scale,
+                         static_cast<float>(scaling.scale_target()), scaling.use_max()});
+      update_rows.push_back(static_cast<int64_t>(i));
+      continue;
+    }
+#endif
+    const at::Tensor amax = amaxes.defined() ? amaxes.select(0, static_cast<int64_t>(i)).to(at::kFloat)
+                                             : state.pending_amax.clone();
+    state.pending_amax.zero_();
+    scaling.update_history_with_aten(amax.to(state.amax_history.device()));
+  }
+  if (updates.empty()) return;
+#ifdef DDP_WITH_CUDA_KERNELS
+  at::Tensor entered;
+  if (amaxes.defined()) {
+    entered = updates.size() == committed.size()
+                  ? amaxes
+                  : amaxes.index_select(0, at::tensor(update_rows, amaxes.options().dtype(at::kLong)).to(amaxes.device()));
+    entered = entered.to(updates.front().history.device(), at::kFloat).contiguous();
+  }
+  update_amax_histories(updates, entered);
+#endif
 }
 
 void TensorScaling::to(const c10::Device& device) {
   if (!delayed()) return;
-  amax_history_ = amax_history_.to(device);
-  scale_ = scale_.to(device);
-  pending_amax_ = pending_amax_.to(device);
+  state_->amax_history = state_->amax_history.to(device);
+  state_->scale = state_->scale.to(device);
+  state_->pending_amax = state_->pending_amax.to(device);
 }
 
 void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std::string& prefix) const {
@@ -141,11 +198,7 @@ void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std
   saved[prefix + "amax_compute"] = static_cast<int64_t>(options_.amax_compute());
   saved[prefix + "margin"] = static_cast<int64_t>(options_.margin());
   saved[prefix + "dtype"] = static_cast<int64_t>(float8_dtype_);
-  if (delayed()) {
-    saved[prefix + "history"] = amax_history_;
-    saved[prefix + "scale"] = scale_;
-    saved[prefix + "pending_amax"] = pending_amax_;
-  }
+  if (delayed()) saved[prefix + "state"] = c10::IValue::make_capsule(state_);
 }
 
 TensorScaling TensorScaling::load_from(torch::autograd::AutogradContext* context, const std::string& prefix) {
@@ -156,9 +209,7 @@ TensorScaling TensorScaling::load_from(torch::autograd::AutogradContext* context
       .margin(static_cast<int>(saved[prefix + "margin"].toInt()));
   scaling.float8_dtype_ = static_cast<c10::ScalarType>(saved[prefix + "dtype"].toInt());
   if (scaling.delayed()) {
-    scaling.amax_history_ = saved[prefix + "history"].toTensor();
-    scaling.scale_ = saved[prefix + "scale"].toTensor();
-    scaling.pending_amax_ = saved[prefix + "pending_amax"].toTensor();
+    scaling.state_ = c10::static_intrusive_pointer_cast<DelayedScalingState>(saved[prefix + "state"].toCapsule());
   }
   return scaling;
 }

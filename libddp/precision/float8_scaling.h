@@ -1,8 +1,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <ddp/float8.h>
@@ -19,9 +21,24 @@ struct Float8Tensor {
   at::Tensor inverse_scale;
 };
 
+/// Delayed scaling's state of one tensor role, shared by the layer and the
+/// copies of its TensorScaling that forward saves for backward.
+struct DelayedScalingState : torch::CustomClassHolder {
+  at::Tensor amax_history;  // [amax_history_len] fp32, newest first
+  at::Tensor scale;         // 0-dim fp32
+  at::Tensor pending_amax;  // 0-dim fp32: the amax of the casts since the last commit, zero after one
+  bool amax_pending = false;  // whether pending_amax waits to enter the history
+};
+
 /// The scaling of one tensor role of a layer (input, weight or output
 /// gradient). A value type: copies share the delayed-scaling state, so a
 /// copy saved for backward updates the layer's state.
+///
+/// Under delayed scaling a cast takes its tensor's amax into a pending
+/// amax, which enters the history (and changes the scale) at the next
+/// commit: TensorScaling::commit_pending_amaxes() commits a whole model's in a few launches
+/// once per iteration; a cast commits its own predecessor's if no such
+/// commit came between them, so each cast still sees every earlier amax.
 class TensorScaling {
  public:
   TensorScaling() = default;
@@ -29,38 +46,66 @@ class TensorScaling {
 
   /// Casts the matrix `tensor` to FP8 with a scale that maps its amax
   /// (current scaling) or the amax of the history (delayed) to the format's
-  /// largest value, and records the amax in the history. with_transposed:
-  /// also gives the transpose, written in the same pass on the GPU;
-  /// with_data false leaves out the row-major copy (on the GPU) where only
-  /// the transpose is needed.
+  /// largest value; delayed, the tensor's amax becomes pending.
+  /// with_transposed: also gives the transpose, written in the same pass on
+  /// the GPU; with_data false leaves out the row-major copy (on the GPU)
+  /// where only the transpose is needed.
   Float8Tensor cast(const at::Tensor& tensor, bool with_transposed = false, bool with_data = true);
 
-  /// Delayed scaling: the newest entry of the amax history (a view), and the
-  /// recomputation of the scale from the history. Undefined / no-op for
+  /// Delayed scaling: enters a pending amax into the history and recomputes
+  /// the scale; no-op when none is pending, or under current scaling.
+  void commit_pending_amax();
+  /// Delayed scaling: the newest entry of the amax history (a view), after
+  /// committing a pending amax; and the recomputation of the scale from the
+  /// history (after it was reduced across ranks). Undefined / no-op for
   /// current scaling.
-  at::Tensor latest_amax() const;
+  at::Tensor latest_amax();
   void refresh_scale();
   /// Moves the delayed-scaling state to `device`.
   void to(const c10::Device& device);
 
   bool delayed() const { return options_.scaling() == Float8Scaling::kDelayed; }
-  bool use_max() const { return options_.amax_compute() == AmaxCompute::kMax; }
-  at::Tensor& amax_history() { return amax_history_; }
-  at::Tensor& scale() { return scale_; }
+  bool amax_pending() const { return delayed() && state_->amax_pending; }
+  at::Tensor& amax_history() { return state_->amax_history; }
+  at::Tensor& scale() { return state_->scale; }
+  at::Tensor& pending_amax() { return state_->pending_amax; }
 
   /// Carries the scaling into an autograd context and back, for backward.
   void save_to(torch::autograd::AutogradContext* context, const std::string& prefix) const;
   static TensorScaling load_from(torch::autograd::AutogradContext* context, const std::string& prefix);
 
+  /// Many commits at once: every delayed scaling of `scalings` takes
+  /// amaxes[i] as its newest amax (pending or not) when `amaxes` is given
+  /// ([n] fp32 on their device: the pending amaxes reduced across ranks);
+  /// without it, those with a pending amax commit it. On the GPU this is a
+  /// few launches for a whole model, where a commit per cast is one each.
+  static void commit_pending_amaxes(const std::vector<TensorScaling*>& scalings, const at::Tensor& amaxes = {});
+
  private:
+  bool use_max() const { return options_.amax_compute() == AmaxCompute::kMax; }
   /// What delayed scaling's amax maps to: the largest finite value / 2^margin.
   double scale_target() const;
+  /// The commit (or, with `amax` undefined, the refresh) by ATen's ops, for
+  /// CPU tensors and builds without the CUDA kernels.
+  void update_history_with_aten(const at::Tensor& amax);
 
   Float8Options options_;
   c10::ScalarType float8_dtype_ = c10::ScalarType::Undefined;
-  at::Tensor amax_history_;  // [amax_history_len] fp32, newest first
-  at::Tensor scale_;         // 0-dim fp32
-  at::Tensor pending_amax_;  // 0-dim fp32: the cast kernel's amax, zero between casts
+  c10::intrusive_ptr<DelayedScalingState> state_;  // null for current scaling
+};
+
+/// The scaling of the three tensors a Float8Linear casts, and the device it
+/// was checked to run FP8 on.
+struct Float8LinearState {
+  TensorScaling input;
+  TensorScaling weight;
+  TensorScaling grad_output;
+  c10::Device device{c10::kCPU};
+
+  void to(const c10::Device& target) {
+    for (TensorScaling* scaling : {&input, &weight, &grad_output}) scaling->to(target);
+    device = target;
+  }
 };
 
 }  // namespace ddp::detail

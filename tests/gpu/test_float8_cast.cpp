@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -177,38 +178,61 @@ TEST(Float8Cast, ScaleFromAmaxMatchesTheUnfusedArithmetic) {
   }
 }
 
-/// Delayed scaling's fused bookkeeping (cast kernel + update_amax_history)
-/// against the same bookkeeping written in ATen ops here: the same FP8 bytes,
-/// inverse scales, amax histories and scales after every cast. Histories
-/// longer than the update kernel's block, both amax rules, a margin, and an
-/// all-zero tensor and an overflow, which must keep the scale.
+/// The recipes the delayed-scaling tests run: histories longer than the
+/// update kernel's block, both amax rules, a margin.
+const ddp::Float8Options kDelayedRecipes[] = {
+    ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(16),
+    ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(600).margin(2),
+    ddp::Float8Options()
+        .scaling(ddp::Float8Scaling::kDelayed)
+        .amax_history_len(600)
+        .amax_compute(ddp::AmaxCompute::kMostRecent),
+    ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(1),
+};
+
+std::string describe(const ddp::Float8Options& recipe, const Format& format) {
+  return std::string(format.name) + ", history " + std::to_string(recipe.amax_history_len()) +
+         (recipe.amax_compute() == ddp::AmaxCompute::kMax ? " max" : " most recent") + ", margin " +
+         std::to_string(recipe.margin());
+}
+
+/// Transformer Engine's DelayedScaling in ATen ops: newest amax first, the
+/// scale from the history's max (or newest), unchanged while that amax is
+/// not finite and positive.
+struct ReferenceHistory {
+  ReferenceHistory(const ddp::Float8Options& recipe, const Format& format, const torch::Device& device)
+      : recipe(recipe),
+        target(format.largest / std::ldexp(1.0, recipe.margin())),
+        history(torch::zeros({recipe.amax_history_len()}, torch::TensorOptions().device(device))),
+        scale(torch::ones({}, torch::TensorOptions().device(device))) {}
+
+  void enter(const torch::Tensor& amax) {
+    history = torch::cat({amax.to(torch::kFloat).reshape({1}), history.narrow(0, 0, history.size(0) - 1)});
+    refresh();
+  }
+  void refresh() {
+    const auto amax = recipe.amax_compute() == ddp::AmaxCompute::kMax ? history.max() : history[0];
+    scale = torch::where(amax.isfinite() & (amax > 0), target / amax.clamp_min(ddp::detail::kFloat8MinAmax), scale);
+  }
+
+  ddp::Float8Options recipe;
+  double target;
+  torch::Tensor history;
+  torch::Tensor scale;
+};
+
+/// Delayed scaling's fused bookkeeping (the cast kernel's amax, committed by
+/// update_amax_histories) against the same bookkeeping in ATen ops: the same
+/// FP8 bytes and inverse scales for every cast, and the same amax histories
+/// and scales. A cast's amax waits until the next cast commits it (even
+/// casts) or it is committed explicitly (odd casts). An all-zero tensor and
+/// an overflow must keep the scale.
 TEST(Float8Cast, DelayedScalingBookkeepingMatchesAtenOps) {
   torch::manual_seed(2);
-  const ddp::Float8Options recipes[] = {
-      ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(16),
-      ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(600).margin(2),
-      ddp::Float8Options()
-          .scaling(ddp::Float8Scaling::kDelayed)
-          .amax_history_len(600)
-          .amax_compute(ddp::AmaxCompute::kMostRecent),
-      ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(1),
-  };
-  const auto fp32 = torch::TensorOptions().device(kGpu).dtype(torch::kFloat);
-  for (const auto& recipe : recipes) {
+  for (const auto& recipe : kDelayedRecipes) {
     for (const auto& format : kFormats) {
-      const std::string what = std::string(format.name) + ", history " + std::to_string(recipe.amax_history_len()) +
-                               (recipe.amax_compute() == ddp::AmaxCompute::kMax ? " max" : " most recent") +
-                               ", margin " + std::to_string(recipe.margin());
-      const double target = format.largest / std::ldexp(1.0, recipe.margin());
-      // Transformer Engine's DelayedScaling: newest amax first, scale from
-      // the history's max (or newest), unchanged while that amax is zero.
-      const auto scale_from = [&](const torch::Tensor& history, const torch::Tensor& old_scale) {
-        const auto amax = recipe.amax_compute() == ddp::AmaxCompute::kMax ? history.max() : history[0];
-        return torch::where(amax.isfinite() & (amax > 0), target / amax.clamp_min(ddp::detail::kFloat8MinAmax),
-                            old_scale);
-      };
-      auto history = torch::zeros({recipe.amax_history_len()}, fp32);
-      auto scale = torch::ones({}, fp32);
+      const std::string what = describe(recipe, format);
+      ReferenceHistory reference(recipe, format, kGpu);
       ddp::detail::TensorScaling scaling(recipe, format.dtype, kGpu);
       for (int step = 0; step < 40; ++step) {
         const std::string at_step = what + ", cast " + std::to_string(step);
@@ -217,25 +241,92 @@ TEST(Float8Cast, DelayedScalingBookkeepingMatchesAtenOps) {
         auto x = make_input(64, 96, torch::kBFloat16) * (1 + step % 7) / (1 + step % 5);
         if (step == 11) x.zero_();
         if (step == 23) x[5][7] = std::numeric_limits<float>::infinity();
-        const auto expected = (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype);
-        const auto expected_inverse = scale.reciprocal();
-        history = torch::cat({x.abs().max().to(torch::kFloat).reshape({1}), history.narrow(0, 0, history.size(0) - 1)});
-        scale = scale_from(history, scale);
+        const auto expected =
+            (x.to(torch::kFloat) * reference.scale).clamp(-format.largest, format.largest).to(format.dtype);
 
         const auto actual = scaling.cast(x, /*with_transposed=*/true);
         expect_same_bytes(actual.data, expected, at_step + ", data");
         expect_same_bytes(actual.transposed, expected.t().contiguous(), at_step + ", transposed");
-        expect_same_bytes(actual.inverse_scale, expected_inverse, at_step + ", inverse scale");
-        expect_same_bytes(scaling.amax_history(), history, at_step + ", amax history");
-        expect_same_bytes(scaling.scale(), scale, at_step + ", scale");
+        expect_same_bytes(actual.inverse_scale, reference.scale.reciprocal(), at_step + ", inverse scale");
+        // Every earlier amax is in the history; this cast's waits.
+        expect_same_bytes(scaling.amax_history(), reference.history, at_step + ", amax history");
+        expect_same_bytes(scaling.scale(), reference.scale, at_step + ", scale");
+        expect_same_bytes(scaling.pending_amax(), x.abs().max().to(torch::kFloat), at_step + ", pending amax");
+        EXPECT_TRUE(scaling.amax_pending()) << at_step;
+        reference.enter(x.abs().max());
+        if (step % 2 == 1) {
+          scaling.commit_pending_amax();
+          expect_same_bytes(scaling.amax_history(), reference.history, at_step + ", history after the commit");
+          expect_same_bytes(scaling.scale(), reference.scale, at_step + ", scale after the commit");
+          expect_same_bytes(scaling.pending_amax(), torch::zeros({}, torch::TensorOptions().device(kGpu)),
+                            at_step + ", pending amax after the commit");
+          EXPECT_FALSE(scaling.amax_pending()) << at_step;
+        }
         if (::testing::Test::HasFailure()) return;
       }
       // After a reduction across ranks the scale is recomputed from the history alone.
+      scaling.commit_pending_amax();
       scaling.amax_history().mul_(3);
-      history.mul_(3);
+      reference.history.mul_(3);
+      reference.refresh();
       scaling.refresh_scale();
-      expect_same_bytes(scaling.scale(), scale_from(history, scale), what + ", scale refreshed from the history");
-      expect_same_bytes(scaling.amax_history(), history, what + ", history left alone by the refresh");
+      expect_same_bytes(scaling.scale(), reference.scale, what + ", scale refreshed from the history");
+      expect_same_bytes(scaling.amax_history(), reference.history, what + ", history left alone by the refresh");
+    }
+  }
+}
+
+/// A model's commits in a few launches (more histories than one launch
+/// takes, of every recipe and format) give what one commit per cast gives;
+/// and with amaxes given (reduced across ranks), those enter every history,
+/// pending or not, as ATen's ops on the CPU enter them.
+TEST(Float8Cast, BatchedCommitsMatchOneByOneAndTheAtenOps) {
+  torch::manual_seed(3);
+  std::vector<ddp::detail::TensorScaling> one_by_one, batched, entered_gpu, entered_cpu;
+  std::vector<std::string> names;
+  for (int copy = 0; copy < 20; ++copy) {
+    for (const auto& recipe : kDelayedRecipes) {
+      for (const auto& format : kFormats) {
+        for (auto* scalings : {&one_by_one, &batched, &entered_gpu}) scalings->emplace_back(recipe, format.dtype, kGpu);
+        entered_cpu.emplace_back(recipe, format.dtype, torch::kCPU);
+        names.push_back(describe(recipe, format) + ", copy " + std::to_string(copy));
+      }
+    }
+  }
+  const auto pointers = [](std::vector<ddp::detail::TensorScaling>& scalings) {
+    std::vector<ddp::detail::TensorScaling*> result;
+    for (auto& scaling : scalings) result.push_back(&scaling);
+    return result;
+  };
+  const std::size_t count = names.size();
+  ASSERT_GT(count, 64u) << "more histories than one launch of the kernel takes";
+  for (int step = 0; step < 5; ++step) {
+    for (std::size_t i = 0; i < count; ++i) {
+      // One in three casts nothing in this step: no pending amax.
+      if ((i + step) % 3 == 0) continue;
+      const auto x = make_input(32, 64, torch::kBFloat16) * (1 + (i + step) % 5);
+      for (auto* scalings : {&one_by_one, &batched, &entered_gpu}) (*scalings)[i].cast(x);
+      entered_cpu[i].cast(x.cpu());
+    }
+    for (auto& scaling : one_by_one) scaling.commit_pending_amax();
+    ddp::detail::TensorScaling::commit_pending_amaxes(pointers(batched));
+    // Stand-ins for the reduced amaxes: twice each pending one, so that
+    // they differ from what the casts took.
+    std::vector<torch::Tensor> pending;
+    for (auto& scaling : entered_gpu) pending.push_back(scaling.pending_amax() * 2);
+    const auto amaxes = torch::stack(pending);
+    ddp::detail::TensorScaling::commit_pending_amaxes(pointers(entered_gpu), amaxes);
+    ddp::detail::TensorScaling::commit_pending_amaxes(pointers(entered_cpu), amaxes.cpu());
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string what = names[i] + ", step " + std::to_string(step);
+      expect_same_bytes(batched[i].amax_history(), one_by_one[i].amax_history(), what + ", history");
+      expect_same_bytes(batched[i].scale(), one_by_one[i].scale(), what + ", scale");
+      expect_same_bytes(batched[i].pending_amax(), one_by_one[i].pending_amax(), what + ", pending amax");
+      expect_same_bytes(entered_gpu[i].amax_history(), entered_cpu[i].amax_history(), what + ", entered history");
+      expect_same_bytes(entered_gpu[i].scale(), entered_cpu[i].scale(), what + ", entered scale");
+      expect_same_bytes(entered_gpu[i].amax_history()[0], amaxes[i], what + ", the entered amax is the newest");
+      EXPECT_FALSE(batched[i].amax_pending() || entered_gpu[i].amax_pending()) << what;
+      if (::testing::Test::HasFailure()) return;
     }
   }
 }
