@@ -65,6 +65,9 @@ def parse_args():
     parser.add_argument("--libddp-unfused", action="store_true",
                         help="LLaMA: libddp runs RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch runs "
                              "(scaling_bench --unfused), so that the ratio compares the DDP runtimes alone")
+    parser.add_argument("--fp8-fast-accum", action="store_true",
+                        help="libddp's fp8 rows use cuBLAS fast accumulation in the forward matmuls "
+                             "(scaling_bench --fp8-fast-accum), as Transformer Engine's and torchao's recipes do")
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="dtype both sides all-reduce the gradients in; bf16: libddp's comm_hooks::average_in "
                              "and PyTorch's bf16_compress_hook (rounds the gradients; halves the bytes on NCCL, "
@@ -185,6 +188,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
     if impl == "libddp":
         if model == "llama" and args.libddp_unfused:
             bench_args.append("--unfused")
+        if precision == "fp8" and args.fp8_fast_accum:
+            bench_args.append("--fp8-fast-accum")
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
                 os.path.join(args.build, "benchmarks", "scaling", "scaling_bench")] + bench_args
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
@@ -356,6 +361,8 @@ def markdown(report, args):
         elif False in fused:
             why = "`--libddp-unfused`" if args.libddp_unfused else "this device or build has no fused kernels"
             lines += [f"libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch ({why}).", ""]
+        if args.fp8_fast_accum and any(r["precision"] == "fp8" for r in rows):
+            lines += ["The fp8 rows used cuBLAS fast accumulation in the forward matmuls (`--fp8-fast-accum`).", ""]
         if args.reduce_dtype != "fp32":
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "

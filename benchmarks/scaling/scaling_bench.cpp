@@ -248,7 +248,7 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format(
       "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
-      "\"fused_kernels\": null",
+      "\"fp8_fast_accum\": null, \"fused_kernels\": null",
       image);
   return workload;
 }
@@ -274,10 +274,11 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   } catch (const std::invalid_argument& e) {
     flags.fail(e.what());
   }
-  std::string fp8_scaling = "null";
+  std::string fp8_scaling = "null", fp8_fast_accum = "null";
   if (policy.uses_float8()) {
-    llama::enable_float8_training(*model, float8_scaling);
+    llama::enable_float8_training(*model, float8_scaling, flags.on("fp8-fast-accum"));
     fp8_scaling = "\"" + flags.str("fp8-scaling") + "\"";
+    fp8_fast_accum = flags.on("fp8-fast-accum") ? "true" : "false";
   }
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<llama::Llama>>(model, process_group, options);
   std::shared_ptr<torch::optim::Optimizer> optimizer = llama::make_adamw(*model, 3e-4, 0.95, 0.1);
@@ -307,8 +308,8 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   const bool fused_kernels_ran = config.fused_kernels && llama::ops::fused_kernels_built() && device.is_cuda();
   workload.json_fields =
       fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}, "
-                  "\"fused_kernels\": {}",
-                  flags.str("preset"), seq, fp8_scaling, fused_kernels_ran);
+                  "\"fp8_fast_accum\": {}, \"fused_kernels\": {}",
+                  flags.str("preset"), seq, fp8_scaling, fp8_fast_accum, fused_kernels_ran);
   return workload;
 }
 
@@ -322,6 +323,8 @@ int main(int argc, char** argv) try {
       .add("image-size", "224", "ResNet-50 image height and width")
       .add("precision", "bf16", "fp32 | tf32 | bf16 | fp8 (LLaMA)")
       .add("fp8-scaling", "delayed", "LLaMA fp8 recipe: delayed | current")
+      .add_switch("fp8-fast-accum", "LLaMA fp8: cuBLAS fast accumulation in the forward matmuls, as Transformer Engine's "
+                                    "and torchao's recipes do (off: every product accumulated in fp32)")
       .add("batch", "", "samples per rank (default: 128 images, 4 sequences)")
       .add("steps", "30", "timed steps")
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")

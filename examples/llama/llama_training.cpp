@@ -6,8 +6,11 @@
 
 namespace llama {
 
-ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling) {
-  return ddp::float8::enable_float8(model, ddp::Float8Options().scaling(scaling),
+ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling,
+                                           bool fast_accumulation_forward) {
+  return ddp::float8::enable_float8(model,
+                                    ddp::Float8Options().scaling(scaling).fast_accumulation_forward(
+                                        fast_accumulation_forward),
                                     [](const std::string& path, const ddp::Float8LinearImpl&) { return path != "output"; });
 }
 

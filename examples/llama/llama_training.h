@@ -17,8 +17,10 @@ namespace llama {
 
 /// FP8 in every linear layer but the output head, which stays in bf16 as
 /// Transformer Engine and torchao recommend: its logits feed the softmax
-/// directly. `scaling`: the recipe, with Float8Options' defaults for the rest.
-ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling);
+/// directly. `scaling` and `fast_accumulation_forward`: the recipe, with
+/// Float8Options' defaults for the rest.
+ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling,
+                                           bool fast_accumulation_forward);
 
 /// "current" or "delayed", the value of the --fp8-scaling flag; throws
 /// std::invalid_argument otherwise.

@@ -53,6 +53,8 @@ int main(int argc, char** argv) try {
       .add("seq-len", "", "tokens per sequence")
       .add("precision", "bf16", "fp32 | tf32 | bf16 | fp16 | fp8")
       .add("fp8-scaling", "delayed", "fp8 recipe: delayed (amax history, Transformer Engine's default) | current")
+      .add_switch("fp8-fast-accum", "fp8: cuBLAS fast accumulation in the forward matmuls, as Transformer Engine's and "
+                                    "torchao's recipes do (off: every product accumulated in fp32)")
       .add("batch", "4", "sequences per micro-batch and rank")
       .add("data", "synthetic", "'synthetic', or a token file (make_tokens; llm.c or nanoGPT layout)")
       .add("val-data", "", "token file for validation (default: the training data, in file order)")
@@ -126,7 +128,7 @@ int main(int argc, char** argv) try {
   llama::Llama model(config);
   model->to(device);
   if (policy.uses_float8()) {
-    const auto report = llama::enable_float8_training(*model, float8_scaling);
+    const auto report = llama::enable_float8_training(*model, float8_scaling, flags.on("fp8-fast-accum"));
     if (process_group->rank() == 0) {
       std::printf("fp8: %zu linear layers in FP8, %zu left in bf16\n", report.converted.size(),
                   report.skipped.size());
