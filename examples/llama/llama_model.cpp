@@ -213,6 +213,8 @@ AttentionImpl::AttentionImpl(const LlamaConfig& config)
   wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim));
   wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim));
   wo = register_module("wo", linear(n_heads * head_dim, config.dim));
+  // In FP8 the normalised input is cast once for the three projections.
+  ddp::float8::share_input_cast({wq.get(), wk.get(), wv.get()});
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
@@ -234,6 +236,7 @@ FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fus
   w1 = register_module("w1", linear(dim, hidden));
   w2 = register_module("w2", linear(hidden, dim));
   w3 = register_module("w3", linear(dim, hidden));
+  ddp::float8::share_input_cast({w1.get(), w3.get()});
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) { return w2(ops::swiglu(w1(x), w3(x), fused)); }

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,8 +51,11 @@ class Float8LinearImpl;
 
 namespace detail {
 struct Float8LinearState;
+class SharedInputCast;
 /// The layer's FP8 state; null while FP8 is off or before its first forward.
 Float8LinearState* float8_state(Float8LinearImpl& layer);
+/// The input cast the layer shares with others (float8::share_input_cast), or null.
+std::shared_ptr<SharedInputCast>& shared_input_cast(Float8LinearImpl& layer);
 }  // namespace detail
 
 /// A drop-in for torch::nn::Linear whose matmuls run in FP8 on sm_89+ GPUs:
@@ -119,8 +123,10 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
 
  private:
   friend detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer);
+  friend std::shared_ptr<detail::SharedInputCast>& detail::shared_input_cast(Float8LinearImpl& layer);
 
   std::shared_ptr<detail::Float8LinearState> state_;
+  std::shared_ptr<detail::SharedInputCast> shared_input_;
 };
 /// The module holder of Float8LinearImpl, used as torch::nn::Linear is.
 TORCH_MODULE(Float8Linear);
@@ -142,6 +148,17 @@ using Filter = std::function<bool(const std::string& path, const Float8LinearImp
 /// reason, including plain torch::nn::Linear layers, which must be declared
 /// as Float8Linear to run in FP8. Throws UsageError where FP8 cannot run.
 Report enable_float8(torch::nn::Module& model, const Float8Options& options = {}, const Filter& filter = nullptr);
+
+/// Lets `layers`, which are always called with the same input tensor (the
+/// query, key and value projections of attention; the gate and up
+/// projections of SwiGLU), cast that input to FP8 once per forward instead
+/// of once each: the first of them to run on an input casts it with its own
+/// scaling, the others reuse that cast while they are called with the same,
+/// unmodified tensor, and cast it themselves otherwise. The results are those
+/// of separate casts of the same tensor; each layer keeps its own weight and
+/// output-gradient casts. Throws UsageError for layers of different input
+/// widths. A group lasts until reset() of a member.
+void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
 
 /// Delayed scaling's once-per-iteration update: enters the amaxes that the
 /// Float8Linear layers of `model` took in this iteration's casts into their

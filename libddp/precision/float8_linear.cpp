@@ -12,6 +12,7 @@
 #include <ddp/errors.h>
 
 #include "compat/torch_compat.h"
+#include "precision/float8_input_sharing.h"
 #include "precision/float8_scaling.h"
 #include "precision/float8_support.h"
 
@@ -63,13 +64,15 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   /// input_needs_grad / weight_needs_grad: whether backward will compute
   /// that gradient (grad mode is off in here, so the caller says).
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
-                            const at::Tensor& weight, Float8LinearState* state, bool fast_accumulation,
-                            bool input_needs_grad, bool weight_needs_grad) {
+                            const at::Tensor& weight, Float8LinearState* state, SharedInputCast* shared_input,
+                            bool fast_accumulation, bool input_needs_grad, bool weight_needs_grad) {
     const int64_t in_features = weight.size(1);
     // x [M, K]: data row-major is y's first operand; transposed [K, M] is x
     // column-major, the second operand of dW = dY^T x.
     const at::Tensor rows = input.reshape({-1, in_features}).contiguous();
-    const Float8Tensor input8 = state->input.cast(rows, /*with_transposed=*/weight_needs_grad);
+    const Float8Tensor input8 = shared_input != nullptr
+                                    ? shared_input->cast(input, rows, state->input, /*with_transposed=*/weight_needs_grad)
+                                    : state->input.cast(rows, /*with_transposed=*/weight_needs_grad);
     // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
     // transposed [K, N] is W column-major, the second operand of dX = dY W.
     const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);
@@ -122,7 +125,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
       grad_weight = scaled_mm(grad8.transposed, grad8.inverse_scale, input_t.t(), input_inverse_scale, weight_dtype,
                               /*fast_accumulation=*/false);
     }
-    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 #endif
@@ -146,6 +149,7 @@ void Float8LinearImpl::reset() {
   }
   reset_parameters();
   state_.reset();
+  shared_input_.reset();
 }
 
 void Float8LinearImpl::reset_parameters() {
@@ -207,8 +211,9 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   // Decided here: inside the function grad mode is off.
   const bool grad = at::GradMode::is_enabled();
   const at::Tensor output =
-      detail::Float8LinearFunction::apply(input, weight, state_.get(), float8_options.fast_accumulation_forward(),
-                                          grad && input.requires_grad(), grad && weight.requires_grad());
+      detail::Float8LinearFunction::apply(input, weight, state_.get(), shared_input_.get(),
+                                          float8_options.fast_accumulation_forward(), grad && input.requires_grad(),
+                                          grad && weight.requires_grad());
   return bias.defined() ? output + bias.to(output.scalar_type()) : output;
 #else
   detail::check_float8_supported(input.device());  // throws: this LibTorch has no FP8 matmul
@@ -217,6 +222,10 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
 }
 
 detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer) { return layer.state_.get(); }
+
+std::shared_ptr<detail::SharedInputCast>& detail::shared_input_cast(Float8LinearImpl& layer) {
+  return layer.shared_input_;
+}
 
 std::vector<at::Tensor> Float8LinearImpl::latest_amaxes() {
   if (!state_ || !state_->input.delayed()) return {};

@@ -1,5 +1,7 @@
 // Precision policies, their guard, and Float8Linear where no FP8 can run.
 
+#include <string>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -147,6 +149,18 @@ struct Block : torch::nn::Module {
   ddp::Float8Linear up{nullptr}, down{nullptr}, odd{nullptr};
   torch::nn::Linear head{nullptr};
 };
+
+TEST(Float8Linear, SharingTheInputCastNeedsOneInputWidth) {
+  ddp::Float8Linear a(64, 32), b(64, 16), c(48, 32);
+  EXPECT_NO_THROW(ddp::float8::share_input_cast({a.get(), b.get()}));
+  try {
+    ddp::float8::share_input_cast({a.get(), c.get()});
+    ADD_FAILURE() << "layers of input widths 64 and 48 shared a cast";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("different widths (64 and 48)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ddp::float8::share_input_cast({a.get(), nullptr}), ddp::UsageError);
+}
 
 TEST(Float8Conversion, EnablesQualifyingLayersAndReportsTheRest) {
   Block block;

@@ -412,6 +412,67 @@ TEST(Float8Linear, AtenFallbackOfDelayedScalingMatchesTheKernels) {
   }
 }
 
+/// Layers sharing their input's cast (float8::share_input_cast) give the
+/// bytes that layers casting it each give, outputs and gradients, under both
+/// recipes and over steps in which delayed scaling's scales move; only the
+/// first layer to run casts (the others' input amaxes stay zero); and a
+/// tensor changed in place after the first cast is cast again.
+TEST(Float8Linear, SharedInputCastMatchesSeparateCasts) {
+  torch::manual_seed(7);
+  const auto bf16 = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
+  for (const auto scaling : {ddp::Float8Scaling::kCurrent, ddp::Float8Scaling::kDelayed}) {
+    const bool delayed = scaling == ddp::Float8Scaling::kDelayed;
+    const std::string recipe = delayed ? "delayed scaling" : "current scaling";
+    const auto options = ddp::Float8Options().scaling(scaling).amax_history_len(4);
+    std::vector<ddp::Float8Linear> shared, separate;
+    for (const int64_t out : {128, 64, 64}) {
+      shared.emplace_back(torch::nn::LinearOptions(256, out).bias(false), options);
+      separate.emplace_back(torch::nn::LinearOptions(256, out).bias(false), options);
+      shared.back()->to(kGpu);
+      separate.back()->to(kGpu);
+      torch::NoGradGuard no_grad;
+      separate.back()->weight.copy_(shared.back()->weight);
+    }
+    ddp::float8::share_input_cast({shared[0].get(), shared[1].get(), shared[2].get()});
+    for (int step = 0; step < 4; ++step) {
+      const std::string what = recipe + ", step " + std::to_string(step);
+      const auto x = (torch::randn({64, 256}, bf16) * (1 + step)).requires_grad_();
+      const auto x_separate = x.detach().clone().requires_grad_();
+      torch::Tensor loss_shared = torch::zeros({}, bf16), loss_separate = torch::zeros({}, bf16);
+      for (std::size_t i = 0; i < shared.size(); ++i) {
+        const auto y = shared[i](x), y_separate = separate[i](x_separate);
+        expect_same_bytes(y, y_separate, what + ", output " + std::to_string(i));
+        const auto grad = torch::randn(y.sizes(), bf16);
+        loss_shared = loss_shared + (y * grad).sum();
+        loss_separate = loss_separate + (y_separate * grad).sum();
+      }
+      loss_shared.backward();
+      loss_separate.backward();
+      expect_same_bytes(x.grad(), x_separate.grad(), what + ", input gradient");
+      for (std::size_t i = 0; i < shared.size(); ++i) {
+        expect_same_bytes(shared[i]->weight.grad(), separate[i]->weight.grad(),
+                          what + ", weight gradient " + std::to_string(i));
+      }
+      if (delayed) {
+        EXPECT_EQ(shared[0]->latest_amaxes()[0].item<float>(), x.abs().max().item<float>()) << what;
+        EXPECT_EQ(shared[1]->latest_amaxes()[0].item<float>(), 0.0f) << what << ": the second layer cast its input";
+        EXPECT_EQ(shared[2]->latest_amaxes()[0].item<float>(), 0.0f) << what << ": the third layer cast its input";
+      }
+      for (auto* layers : {&shared, &separate}) {
+        for (auto& layer : *layers) layer->zero_grad();
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+    if (delayed) continue;
+    // Changed in place between two members: the second casts the new values.
+    torch::NoGradGuard no_grad;
+    const auto z = torch::randn({64, 256}, bf16);
+    shared[0](z);
+    z.mul_(3);
+    expect_same_bytes(shared[1](z), separate[1](z), recipe + ", after an in-place change of the input");
+  }
+}
+
 /// Delayed scaling takes the amax in the cast's own pass.
 TEST(Float8Linear, DelayedScalingRecordsTheInputAmax) {
   torch::manual_seed(5);
