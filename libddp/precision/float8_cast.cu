@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kVectorsPerRow = kTile / kVector;
   constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
-  static_assert(kVector % 4 == 0 && kThreads % kVectorsPerRow == 0);
+  constexpr int kPasses = kTile / kRowsPerPass;  // rows of the tile each thread casts
+  static_assert(kVector % 4 == 0 && kThreads % kVectorsPerRow == 0 && kTile % kRowsPerPass == 0);
 
   __shared__ uint32_t tile[kTile * kTileStrideWords];
   __shared__ int warp_amax[kThreads / 32];
@@ -85,21 +86,34 @@ __global__ void __launch_bounds__(kThreads)
   int max_bits = 0;
 
   const int tile_col = threadIdx.x % kVectorsPerRow * kVector;
+  const int first_tile_row = threadIdx.x / kVectorsPerRow;
   const int64_t col = col0 + tile_col;
   if (col < cols) {
     const bool full = vectorized && col + kVector <= cols;
-    for (int tile_row = threadIdx.x / kVectorsPerRow; tile_row < kTile; tile_row += kRowsPerPass) {
-      const int64_t row = row0 + tile_row;
+    // Every load of this thread first, so that they are in flight together:
+    // a block moves only a few KiB, and waiting for one load at a time would
+    // leave the memory system idle.
+    alignas(16) T loaded[kPasses][kVector];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int64_t row = row0 + first_tile_row + pass * kRowsPerPass;
       if (row >= rows) break;
       const int64_t offset = row * cols + col;
-      alignas(16) T x[kVector];
       if (full) {
-        *reinterpret_cast<uint4*>(x) = __ldg(reinterpret_cast<const uint4*>(input + offset));
+        *reinterpret_cast<uint4*>(loaded[pass]) = __ldg(reinterpret_cast<const uint4*>(input + offset));
       } else {
         // Zeros past the edge: they leave the amax alone and are never stored.
 #pragma unroll
-        for (int i = 0; i < kVector; ++i) x[i] = col + i < cols ? input[offset + i] : T(0.0f);
+        for (int i = 0; i < kVector; ++i) loaded[pass][i] = col + i < cols ? input[offset + i] : T(0.0f);
       }
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int tile_row = first_tile_row + pass * kRowsPerPass;
+      const int64_t row = row0 + tile_row;
+      if (row >= rows) break;
+      const int64_t offset = row * cols + col;
+      const T* x = loaded[pass];
       uint32_t words[kVector / 4];
 #pragma unroll
       for (int w = 0; w < kVector / 4; ++w) {
