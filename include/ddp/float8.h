@@ -154,10 +154,15 @@ Report enable_float8(torch::nn::Module& model, const Float8Options& options = {}
 /// projections of SwiGLU), cast that input to FP8 once per forward instead
 /// of once each: the first of them to run on an input casts it with its own
 /// scaling, the others reuse that cast while they are called with the same,
-/// unmodified tensor, and cast it themselves otherwise. The results are those
-/// of separate casts of the same tensor; each layer keeps its own weight and
-/// output-gradient casts. Throws UsageError for layers of different input
-/// widths. A group lasts until reset() of a member.
+/// unmodified tensor, and cast it themselves otherwise (inference tensors are
+/// always cast anew). Each layer keeps its own weight and output-gradient
+/// casts. Under delayed scaling only the casting layer's input history
+/// follows the tensor, so the same layer should run first in every forward
+/// (as in a model's fixed call order); then the results are those of
+/// separate casts. The cast is kept until every member has used it: a member
+/// that never runs (e.g. left out of FP8) keeps it alive until the group's
+/// next cast. Throws UsageError for layers of different input widths. A group
+/// lasts until reset() of a member.
 void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
 
 /// Delayed scaling's once-per-iteration update: enters the amaxes that the
@@ -167,7 +172,11 @@ void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
 /// one all-reduce, so that every rank casts with the same scales (and a
 /// layer that ran on no rank records an amax of zero, which keeps its
 /// scale). Call once per iteration after backward, on one rank too: without
-/// it each cast updates its own history, one small kernel per cast.
+/// it each cast updates its own history, one small kernel per cast (on one
+/// rank with the same result). Every rank must have run (or loaded) the same
+/// FP8 layers before the first call, so that they reduce as many amaxes;
+/// save checkpoints after the call, so that rank 0's FP8 state is every
+/// rank's.
 void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group);
 
 }  // namespace float8

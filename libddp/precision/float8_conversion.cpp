@@ -1,5 +1,7 @@
 #include <ddp/float8.h>
 
+#include <unordered_set>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/nn/modules/linear.h>
@@ -54,10 +56,13 @@ Report enable_float8(torch::nn::Module& model, const Float8Options& options, con
 
 void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group) {
   std::vector<detail::TensorScaling*> scalings;
+  // A layer registered under two paths is visited twice; its histories must
+  // be updated once.
+  std::unordered_set<detail::Float8LinearState*> seen;
   for (const auto& [path, module] : modules_with_paths(model)) {
     auto* layer = dynamic_cast<Float8LinearImpl*>(module);
     detail::Float8LinearState* state = layer != nullptr ? detail::float8_state(*layer) : nullptr;
-    if (state == nullptr || !state->input.delayed()) continue;
+    if (state == nullptr || !state->input.delayed() || !seen.insert(state).second) continue;
     scalings.insert(scalings.end(), {&state->input, &state->weight, &state->grad_output});
   }
   if (scalings.empty()) return;

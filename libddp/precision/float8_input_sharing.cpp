@@ -1,5 +1,6 @@
 #include "precision/float8_input_sharing.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,22 +11,26 @@
 namespace ddp {
 namespace detail {
 
-Float8Tensor SharedInputCast::cast(const at::Tensor& input, const at::Tensor& rows, TensorScaling& scaling,
-                                   bool with_transposed) {
-  const bool cached = uses_left_ > 0 && source_ && source_->lock().get() == input.unsafeGetTensorImpl() &&
+Float8Tensor SharedInputCast::cast(const void* member, const at::Tensor& input, const at::Tensor& rows,
+                                   TensorScaling& scaling, bool with_transposed) {
+  if (input.is_inference()) return scaling.cast(rows, with_transposed);
+  const bool cached = source_ && source_->lock().get() == input.unsafeGetTensorImpl() &&
                       source_version_ == static_cast<std::int64_t>(input._version()) &&
+                      std::find(users_.begin(), users_.end(), member) == users_.end() &&
                       (!with_transposed || cached_.transposed.defined());
   if (cached) {
     Float8Tensor result = cached_;
-    if (--uses_left_ == 0) {
+    users_.push_back(member);
+    if (users_.size() >= members_) {
       cached_ = Float8Tensor{};
       source_.reset();
+      users_.clear();
     }
     return result;
   }
   Float8Tensor result = scaling.cast(rows, with_transposed);
-  uses_left_ = members_ - 1;
-  if (uses_left_ > 0) {
+  users_.assign({member});
+  if (members_ > 1) {
     cached_ = result;
     source_ = c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr());
     source_version_ = static_cast<std::int64_t>(input._version());

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
@@ -20,13 +21,16 @@ class SharedInputCast {
  public:
   explicit SharedInputCast(std::size_t members) : members_(members) {}
 
-  /// The cast of `input` (as the matrix `rows`) for one member: the cached
-  /// one where `input` is the tensor cast last (the same tensor, unchanged
-  /// since: same version) and the cache holds the transpose if asked for;
-  /// otherwise a new cast by `scaling`, the caller's, kept for the other
-  /// members. The cache is dropped once every other member has used it, so
-  /// it holds no memory past the group's forward.
-  Float8Tensor cast(const at::Tensor& input, const at::Tensor& rows, TensorScaling& scaling, bool with_transposed);
+  /// The cast of `input` (as the matrix `rows`) for `member`: the cached one
+  /// where `input` is the tensor cast last (the same tensor, unchanged since:
+  /// same version), `member` has not used that cast yet, and it holds the
+  /// transpose if asked for; otherwise a new cast by `scaling`, the
+  /// member's, kept for the other members. The cache is dropped once every
+  /// member has used it, so it holds no memory past the group's forward.
+  /// Inference tensors have no version to tell a change by: they are always
+  /// cast anew.
+  Float8Tensor cast(const void* member, const at::Tensor& input, const at::Tensor& rows, TensorScaling& scaling,
+                    bool with_transposed);
 
  private:
   std::size_t members_;
@@ -35,7 +39,7 @@ class SharedInputCast {
   std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> source_;
   std::int64_t source_version_ = 0;
   Float8Tensor cached_;
-  std::size_t uses_left_ = 0;
+  std::vector<const void*> users_;  // the members that have used cached_
 };
 
 }  // namespace ddp::detail

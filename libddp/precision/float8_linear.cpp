@@ -70,9 +70,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     // x [M, K]: data row-major is y's first operand; transposed [K, M] is x
     // column-major, the second operand of dW = dY^T x.
     const at::Tensor rows = input.reshape({-1, in_features}).contiguous();
-    const Float8Tensor input8 = shared_input != nullptr
-                                    ? shared_input->cast(input, rows, state->input, /*with_transposed=*/weight_needs_grad)
-                                    : state->input.cast(rows, /*with_transposed=*/weight_needs_grad);
+    const Float8Tensor input8 =
+        shared_input != nullptr
+            ? shared_input->cast(state, input, rows, state->input, /*with_transposed=*/weight_needs_grad)
+            : state->input.cast(rows, /*with_transposed=*/weight_needs_grad);
     // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
     // transposed [K, N] is W column-major, the second operand of dX = dY W.
     const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 
@@ -148,8 +149,13 @@ void TensorScaling::update_history_with_aten(const at::Tensor& amax) {
 
 void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& scalings, const at::Tensor& amaxes) {
   std::vector<TensorScaling*> committed;
+  std::unordered_set<const DelayedScalingState*> states;
   for (TensorScaling* scaling : scalings) {
-    if (scaling->delayed() && (amaxes.defined() || scaling->state_->amax_pending)) committed.push_back(scaling);
+    if (!scaling->delayed()) continue;
+    // Two blocks of one launch must never update the same history.
+    TORCH_CHECK(states.insert(scaling->state_.get()).second,
+                "commit_pending_amaxes: the same delayed scaling is listed twice");
+    if (amaxes.defined() || scaling->state_->amax_pending) committed.push_back(scaling);
   }
   TORCH_CHECK(!amaxes.defined() || amaxes.numel() == static_cast<int64_t>(committed.size()),
               "commit_pending_amaxes: ", amaxes.numel(), " amaxes for ", committed.size(), " delayed scalings");

@@ -300,6 +300,8 @@ TEST(Float8Cast, BatchedCommitsMatchOneByOneAndTheAtenOps) {
   };
   const std::size_t count = names.size();
   ASSERT_GT(count, 64u) << "more histories than one launch of the kernel takes";
+  // Two blocks of one launch must never update one history.
+  EXPECT_THROW(ddp::detail::TensorScaling::commit_pending_amaxes({&batched[0], &batched[0]}), c10::Error);
   for (int step = 0; step < 5; ++step) {
     for (std::size_t i = 0; i < count; ++i) {
       // One in three casts nothing in this step: no pending amax.
@@ -416,7 +418,8 @@ TEST(Float8Linear, AtenFallbackOfDelayedScalingMatchesTheKernels) {
 /// bytes that layers casting it each give, outputs and gradients, under both
 /// recipes and over steps in which delayed scaling's scales move; only the
 /// first layer to run casts (the others' input amaxes stay zero); and a
-/// tensor changed in place after the first cast is cast again.
+/// tensor changed in place after the first cast, or passed again to a layer
+/// that used its cast already, is cast again; inference tensors too.
 TEST(Float8Linear, SharedInputCastMatchesSeparateCasts) {
   torch::manual_seed(7);
   const auto bf16 = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
@@ -463,13 +466,25 @@ TEST(Float8Linear, SharedInputCastMatchesSeparateCasts) {
       }
       if (::testing::Test::HasFailure()) return;
     }
-    if (delayed) continue;
-    // Changed in place between two members: the second casts the new values.
     torch::NoGradGuard no_grad;
+    if (delayed) {
+      // A member called twice on one tensor casts it again, with the scale
+      // its first call's amax moved, rather than reuse its own old cast.
+      const auto w = torch::randn({64, 256}, bf16) * 50;
+      for (auto* layers : {&shared, &separate}) (*layers)[0](w);
+      expect_same_bytes(shared[0](w), separate[0](w), recipe + ", the first layer called twice on one tensor");
+      continue;
+    }
+    // Changed in place between two members: the second casts the new values.
     const auto z = torch::randn({64, 256}, bf16);
     shared[0](z);
     z.mul_(3);
     expect_same_bytes(shared[1](z), separate[1](z), recipe + ", after an in-place change of the input");
+    // Inference tensors have no version counter: always cast anew.
+    c10::InferenceMode inference;
+    const auto v = torch::randn({64, 256}, bf16);
+    shared[0](v);
+    expect_same_bytes(shared[1](v), separate[1](v), recipe + ", under InferenceMode");
   }
 }
 
