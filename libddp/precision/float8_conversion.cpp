@@ -63,7 +63,8 @@ void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group) {
     auto* layer = dynamic_cast<Float8LinearImpl*>(module);
     detail::Float8LinearState* state = layer != nullptr ? detail::float8_state(*layer) : nullptr;
     if (state == nullptr || !state->input.delayed() || !seen.insert(state).second) continue;
-    scalings.insert(scalings.end(), {&state->input, &state->weight, &state->grad_output});
+    const auto layer_scalings = state->scalings();
+    scalings.insert(scalings.end(), layer_scalings.begin(), layer_scalings.end());
   }
   if (scalings.empty()) return;
   if (process_group.world_size() == 1) {

@@ -243,9 +243,7 @@ void Float8LinearImpl::refresh_scales() {
 void Float8LinearImpl::save(torch::serialize::OutputArchive& archive) const {
   torch::nn::Module::save(archive);
   if (!state_ || !state_->input.delayed()) return;
-  for (detail::TensorScaling* scaling : {&state_->input, &state_->weight, &state_->grad_output}) {
-    scaling->commit_pending_amax();
-  }
+  for (detail::TensorScaling* scaling : state_->scalings()) scaling->commit_pending_amax();
   // Beside weight and bias, not among the buffers, so that the parameters
   // and their keys stay those of torch::nn::Linear.
   torch::serialize::OutputArchive scaling(archive.compilation_unit());

@@ -1,5 +1,6 @@
 #include "precision/float8_scaling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <unordered_set>
@@ -159,36 +160,32 @@ void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& sca
   }
   TORCH_CHECK(!amaxes.defined() || amaxes.numel() == static_cast<int64_t>(committed.size()),
               "commit_pending_amaxes: ", amaxes.numel(), " amaxes for ", committed.size(), " delayed scalings");
-  std::vector<AmaxHistoryUpdate> updates;
-  std::vector<int64_t> update_rows;
-  for (std::size_t i = 0; i < committed.size(); ++i) {
-    TensorScaling& scaling = *committed[i];
-    DelayedScalingState& state = *scaling.state_;
-    state.amax_pending = false;
+  if (committed.empty()) return;
+  for (TensorScaling* scaling : committed) scaling->state_->amax_pending = false;
 #ifdef DDP_WITH_CUDA_KERNELS
-    if (state.amax_history.is_cuda()) {
+  const c10::Device device = committed.front()->state_->amax_history.device();
+  const bool one_gpu = std::all_of(committed.begin(), committed.end(), [&](const TensorScaling* scaling) {
+    return scaling->state_->amax_history.device() == device;
+  });
+  if (device.is_cuda() && one_gpu) {
+    std::vector<AmaxHistoryUpdate> updates;
+    updates.reserve(committed.size());
+    for (TensorScaling* scaling : committed) {
+      const DelayedScalingState& state = *scaling->state_;
       updates.push_back({state.amax_history, state.pending_amax, state.scale,
-                         static_cast<float>(scaling.scale_target()), scaling.use_max()});
-      update_rows.push_back(static_cast<int64_t>(i));
-      continue;
+                         static_cast<float>(scaling->scale_target()), scaling->use_max()});
     }
+    update_amax_histories(updates, amaxes.defined() ? amaxes.to(device, at::kFloat).contiguous() : at::Tensor());
+    return;
+  }
 #endif
-    const at::Tensor amax = amaxes.defined() ? amaxes.select(0, static_cast<int64_t>(i)).to(at::kFloat)
-                                             : state.pending_amax.clone();
+  for (std::size_t i = 0; i < committed.size(); ++i) {
+    DelayedScalingState& state = *committed[i]->state_;
+    const at::Tensor amax =
+        amaxes.defined() ? amaxes.select(0, static_cast<int64_t>(i)).to(at::kFloat) : state.pending_amax.clone();
     state.pending_amax.zero_();
-    scaling.update_history_with_aten(amax.to(state.amax_history.device()));
+    committed[i]->update_history_with_aten(amax.to(state.amax_history.device()));
   }
-  if (updates.empty()) return;
-#ifdef DDP_WITH_CUDA_KERNELS
-  at::Tensor entered;
-  if (amaxes.defined()) {
-    entered = updates.size() == committed.size()
-                  ? amaxes
-                  : amaxes.index_select(0, at::tensor(update_rows, amaxes.options().dtype(at::kLong)).to(amaxes.device()));
-    entered = entered.to(updates.front().history.device(), at::kFloat).contiguous();
-  }
-  update_amax_histories(updates, entered);
-#endif
 }
 
 void TensorScaling::to(const c10::Device& device) {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -102,8 +103,10 @@ struct Float8LinearState {
   TensorScaling grad_output;
   c10::Device device{c10::kCPU};
 
+  std::array<TensorScaling*, 3> scalings() { return {&input, &weight, &grad_output}; }
+
   void to(const c10::Device& target) {
-    for (TensorScaling* scaling : {&input, &weight, &grad_output}) scaling->to(target);
+    for (TensorScaling* scaling : scalings()) scaling->to(target);
     device = target;
   }
 };
