@@ -4,7 +4,7 @@
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
 # STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes
-#   fused_kernels examples scaling profile
+#   fp8_throughput fused_kernels examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
@@ -53,6 +53,21 @@ fp8_recipes() {
   return $rc
 }
 step fp8_recipes fp8_recipes
+# tinyllama-1.1b on one GPU in bf16, fp8 and fp8 with fast accumulation, alternating for
+# FP8_ROUNDS rounds (default 2), so that each ratio to bf16 comes from one machine and minute.
+fp8_throughput() {
+  local round p rc=0
+  : > "$out/fp8-throughput.jsonl"
+  for ((round = 0; round < ${FP8_ROUNDS:-2}; ++round)); do
+    for p in bf16 fp8 fp8:--fp8-fast-accum; do
+      # shellcheck disable=SC2086
+      build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench --model llama \
+        --precision ${p%%:*} $([[ $p == *:* ]] && echo "${p#*:}") --json "$out/fp8-throughput.jsonl" || rc=1
+    done
+  done
+  return $rc
+}
+step fp8_throughput fp8_throughput
 # tinyllama-1.1b on one GPU with the fused RMSNorm / RoPE / SwiGLU kernels and
 # with the ATen ops PyTorch's reference runs, bf16 and fp8.
 fused_kernels() {

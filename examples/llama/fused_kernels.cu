@@ -11,17 +11,15 @@
 #include <cuda_runtime_api.h>
 
 #include "comm/cuda_check.h"
+#include "precision/float8_tile.cuh"
 
 namespace llama::kernels {
 namespace {
 
 using ddp::detail::check_cuda;
+using ddp::detail::float8_tiles::to_float;
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 // Round to nearest even, as ATen's conversions do.
 template <typename T>
@@ -157,6 +155,8 @@ __global__ void rotate_pairs_kernel(const T* __restrict__ x, const float* __rest
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+__device__ __forceinline__ float swiglu(float gate, float up) { return gate * sigmoid(gate) * up; }
+
 template <typename T, int N>
 __global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ y,
                                       int64_t packs) {
@@ -166,16 +166,31 @@ __global__ void swiglu_forward_kernel(const T* __restrict__ gate, const T* __res
     const Pack<T, N> b = reinterpret_cast<const Pack<T, N>*>(up)[i];
     Pack<T, N> out;
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      const float g = to_float(a.v[k]);
-      out.v[k] = from_float<T>(g * sigmoid(g) * to_float(b.v[k]));
-    }
+    for (int k = 0; k < N; ++k) out.v[k] = from_float<T>(swiglu(to_float(a.v[k]), to_float(b.v[k])));
     reinterpret_cast<Pack<T, N>*>(y)[i] = out;
   }
 }
 
 //   d/d gate = grad * up * sigmoid(gate) * (1 + gate * (1 - sigmoid(gate)))
 //   d/d up   = grad * silu(gate)
+__device__ __forceinline__ void swiglu_gradients(float grad, float gate, float up, float& grad_gate, float& grad_up) {
+  const float s = sigmoid(gate);
+  grad_gate = grad * up * s * (1.0f + gate * (1.0f - s));
+  grad_up = grad * gate * s;
+}
+
+/// SwiGLU as the arithmetic of an FP8 cast (float8_tile.cuh): (gate, up) -> y.
+struct SwigluToFloat8 {
+  __device__ __forceinline__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = swiglu(x[0], x[1]); }
+};
+
+/// Its backward: (grad_y, gate, up) -> (grad_gate, grad_up).
+struct SwigluGradientsToFloat8 {
+  __device__ __forceinline__ void operator()(const float (&x)[3], float (&y)[2]) const {
+    swiglu_gradients(x[0], x[1], x[2], y[0], y[1]);
+  }
+};
+
 template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ gate,
                                        const T* __restrict__ up, T* __restrict__ grad_gate, T* __restrict__ grad_up,
@@ -188,11 +203,11 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ grad_y, const T* __
     Pack<T, N> da, db;
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      const float g = to_float(a.v[k]);
-      const float s = sigmoid(g);
-      const float grad = to_float(gy.v[k]);
-      da.v[k] = from_float<T>(grad * to_float(b.v[k]) * s * (1.0f + g * (1.0f - s)));
-      db.v[k] = from_float<T>(grad * g * s);
+      float grad_gate;
+      float grad_up;
+      swiglu_gradients(to_float(gy.v[k]), to_float(a.v[k]), to_float(b.v[k]), grad_gate, grad_up);
+      da.v[k] = from_float<T>(grad_gate);
+      db.v[k] = from_float<T>(grad_up);
     }
     reinterpret_cast<Pack<T, N>*>(grad_gate)[i] = da;
     reinterpret_cast<Pack<T, N>*>(grad_up)[i] = db;
@@ -395,6 +410,21 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, cons
     check_cuda(cudaGetLastError(), "swiglu_backward_kernel<<<...>>>");
   });
   return {grad_gate, grad_up};
+}
+
+void swiglu_forward_float8(const at::Tensor& gate, const at::Tensor& up, const ddp::detail::Float8Destination& y) {
+  ddp::detail::float8_tiles::launch_float8_tiles<2, 1>("llama::kernels::swiglu_forward_float8: ", {gate, up},
+                                                       {y.scale}, y.largest, {y.outputs}, SwigluToFloat8{});
+}
+
+void swiglu_backward_float8(const at::Tensor& grad_y, const at::Tensor& gate, const at::Tensor& up,
+                            const ddp::detail::Float8Destination& grad_gate,
+                            const ddp::detail::Float8Destination& grad_up) {
+  const char* what = "llama::kernels::swiglu_backward_float8: ";
+  TORCH_CHECK(grad_gate.largest == grad_up.largest, what, "both gradients must be cast to one FP8 format");
+  ddp::detail::float8_tiles::launch_float8_tiles<3, 2>(what, {grad_y, gate, up}, {grad_gate.scale, grad_up.scale},
+                                                       grad_gate.largest, {grad_gate.outputs, grad_up.outputs},
+                                                       SwigluGradientsToFloat8{});
 }
 
 }  // namespace llama::kernels

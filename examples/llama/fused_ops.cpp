@@ -9,6 +9,7 @@
 
 #if LLAMA_WITH_CUDA_KERNELS
 #include "fused_kernels.h"
+#include "precision/float8_fusion.h"
 #endif
 
 namespace llama::ops {
@@ -85,21 +86,56 @@ struct FusedRotation : torch::autograd::Function<FusedRotation> {
   }
 };
 
+// With FP8 scalings (float8_fusion.h), the kernels write the FP8 cast of the
+// output for the layer after it (`down_input`), and those of the gradients
+// for the layers before it (`gate_grad`, `up_grad`), and return placeholders
+// that only those layers may take.
 struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
+                               ddp::detail::TensorScaling* down_input, ddp::detail::TensorScaling* gate_grad,
+                               ddp::detail::TensorScaling* up_grad) {
     const torch::Tensor g = gate.contiguous();
     const torch::Tensor u = up.contiguous();
     ctx->save_for_backward({g, u});
-    return kernels::swiglu_forward(g, u);
+    ctx->saved_data["float8_gradients"] = gate_grad != nullptr && up_grad != nullptr;
+    if (gate_grad != nullptr && up_grad != nullptr) {
+      gate_grad->save_to(ctx, "gate_grad.");
+      up_grad->save_to(ctx, "up_grad.");
+    }
+    if (down_input == nullptr) return kernels::swiglu_forward(g, u);
+    const std::int64_t cols = g.size(-1);
+    const std::int64_t rows = g.numel() / cols;
+    const ddp::detail::Float8Destination y = down_input->destination(rows, cols);
+    kernels::swiglu_forward_float8(g.view({rows, cols}), u.view({rows, cols}), y);
+    return down_input->offer(y, g.sizes(), g.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     check_not_differentiated_twice("swiglu");
     const auto saved = ctx->get_saved_variables();
-    auto [grad_gate, grad_up] = kernels::swiglu_backward(grad_outputs[0].contiguous(), saved[0], saved[1]);
-    return {grad_gate, grad_up};
+    const torch::Tensor grad_y = grad_outputs[0].contiguous();
+    if (!ctx->saved_data["float8_gradients"].toBool()) {
+      auto [grad_gate, grad_up] = kernels::swiglu_backward(grad_y, saved[0], saved[1]);
+      return {grad_gate, grad_up, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    }
+    ddp::detail::TensorScaling gate_grad = ddp::detail::TensorScaling::load_from(ctx, "gate_grad.");
+    ddp::detail::TensorScaling up_grad = ddp::detail::TensorScaling::load_from(ctx, "up_grad.");
+    const std::int64_t cols = grad_y.size(-1);
+    const std::int64_t rows = grad_y.numel() / cols;
+    const ddp::detail::Float8Destination grad_gate = gate_grad.destination(rows, cols);
+    const ddp::detail::Float8Destination grad_up = up_grad.destination(rows, cols);
+    kernels::swiglu_backward_float8(grad_y.view({rows, cols}), saved[0].view({rows, cols}),
+                                    saved[1].view({rows, cols}), grad_gate, grad_up);
+    return {gate_grad.offer(grad_gate, grad_y.sizes(), grad_y.scalar_type()),
+            up_grad.offer(grad_up, grad_y.sizes(), grad_y.scalar_type()), torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
   }
 };
+
+bool fits_swiglu_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
+  return gate.is_cuda() && kernel_dtype(gate) && gate.scalar_type() == up.scalar_type() &&
+         gate.sizes() == up.sizes() && gate.device() == up.device();
+}
 #endif
 
 }  // namespace
@@ -141,12 +177,27 @@ torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, con
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS
-  if (fused && gate.is_cuda() && kernel_dtype(gate) && gate.scalar_type() == up.scalar_type() &&
-      gate.sizes() == up.sizes() && gate.device() == up.device()) {
-    return FusedSwiglu::apply(gate, up);
-  }
+  if (fused && fits_swiglu_kernel(gate, up)) return FusedSwiglu::apply(gate, up, nullptr, nullptr, nullptr);
 #endif
   return torch::silu(gate) * up;
+}
+
+torch::Tensor swiglu_down(const torch::Tensor& gate, const torch::Tensor& up, ddp::Float8LinearImpl& down,
+                          [[maybe_unused]] ddp::Float8LinearImpl& gate_layer,
+                          [[maybe_unused]] ddp::Float8LinearImpl& up_layer, [[maybe_unused]] bool fused) {
+#if LLAMA_WITH_CUDA_KERNELS
+  if (fused && fits_swiglu_kernel(gate, up) && gate.dim() >= 1 && gate.numel() > 0) {
+    ddp::detail::TensorScaling* down_input = ddp::detail::fusable_input_scaling(down, gate.device());
+    ddp::detail::TensorScaling* gate_grad = nullptr;
+    ddp::detail::TensorScaling* up_grad = nullptr;
+    if (torch::GradMode::is_enabled() && gate.requires_grad() && up.requires_grad()) {
+      gate_grad = ddp::detail::fusable_grad_output_scaling(gate_layer);
+      up_grad = ddp::detail::fusable_grad_output_scaling(up_layer);
+    }
+    return down.forward(FusedSwiglu::apply(gate, up, down_input, gate_grad, up_grad));
+  }
+#endif
+  return down.forward(swiglu(gate, up, fused));
 }
 
 }  // namespace llama::ops

@@ -239,7 +239,9 @@ FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fus
   ddp::float8::share_input_cast({w1.get(), w3.get()});
 }
 
-torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) { return w2(ops::swiglu(w1(x), w3(x), fused)); }
+torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
+  return ops::swiglu_down(w1(x), w3(x), *w2, *w1, *w3, fused);
+}
 
 TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config) {
   attention_norm = register_module("attention_norm", RMSNorm(config.dim, config.norm_eps, config.fused_kernels));

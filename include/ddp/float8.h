@@ -54,6 +54,9 @@ struct Float8LinearState;
 class SharedInputCast;
 /// The layer's FP8 state; null while FP8 is off or before its first forward.
 Float8LinearState* float8_state(Float8LinearImpl& layer);
+/// The layer's FP8 state on `device`, made or moved there as a forward on
+/// that device would; null while FP8 is off.
+Float8LinearState* float8_state_on(Float8LinearImpl& layer, const c10::Device& device);
 /// The input cast the layer shares with others (float8::share_input_cast), or null.
 std::shared_ptr<SharedInputCast>& shared_input_cast(Float8LinearImpl& layer);
 }  // namespace detail
@@ -123,6 +126,7 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
 
  private:
   friend detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer);
+  friend detail::Float8LinearState* detail::float8_state_on(Float8LinearImpl& layer, const c10::Device& device);
   friend std::shared_ptr<detail::SharedInputCast>& detail::shared_input_cast(Float8LinearImpl& layer);
 
   std::shared_ptr<detail::Float8LinearState> state_;

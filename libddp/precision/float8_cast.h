@@ -43,6 +43,15 @@ struct Float8CastOutputs {
   at::Tensor inverse_scale;
 };
 
+/// Everything a kernel needs to write one FP8 cast of values it computes
+/// itself (float8_tile.cuh), as cast_to_float8 writes a tensor's: where the
+/// cast goes, its scale, and the format's largest value.
+struct Float8Destination {
+  Float8CastOutputs outputs;
+  Float8CastScale scale;
+  float largest = 0;
+};
+
 /// Writes outputs.data = saturate(input * scale) in one pass over `input`
 /// (and its transpose and amax in the same pass), on the current CUDA stream
 /// of input's device, without synchronising with the host.

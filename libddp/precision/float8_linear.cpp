@@ -1,6 +1,7 @@
 #include <ddp/float8.h>
 
 #include <cmath>
+#include <optional>
 #include <ostream>
 
 #include <ATen/ATen.h>
@@ -12,6 +13,7 @@
 #include <ddp/errors.h>
 
 #include "compat/torch_compat.h"
+#include "precision/float8_fusion.h"
 #include "precision/float8_input_sharing.h"
 #include "precision/float8_scaling.h"
 #include "precision/float8_support.h"
@@ -60,20 +62,25 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, con
 /// keeps only the transposes of x and W (as FP8, not the fp32/bf16
 /// originals: a quarter to a half of the memory, as Transformer Engine
 /// does), and only those its gradients read.
+/// x [..., K] as the matrix [M, K]: data row-major is y's first operand;
+/// transposed [K, M] is x column-major, the second operand of dW = dY^T x.
+Float8Tensor cast_input(const at::Tensor& input, Float8LinearState* state, SharedInputCast* shared_input,
+                        bool with_transposed) {
+  const at::Tensor rows = input.reshape({-1, input.size(-1)}).contiguous();
+  return shared_input != nullptr ? shared_input->cast(state, input, rows, state->input, with_transposed)
+                                 : state->input.cast(rows, with_transposed);
+}
+
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   /// input_needs_grad / weight_needs_grad: whether backward will compute
   /// that gradient (grad mode is off in here, so the caller says).
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
                             const at::Tensor& weight, Float8LinearState* state, SharedInputCast* shared_input,
                             bool fast_accumulation, bool input_needs_grad, bool weight_needs_grad) {
-    const int64_t in_features = weight.size(1);
-    // x [M, K]: data row-major is y's first operand; transposed [K, M] is x
-    // column-major, the second operand of dW = dY^T x.
-    const at::Tensor rows = input.reshape({-1, in_features}).contiguous();
-    const Float8Tensor input8 =
-        shared_input != nullptr
-            ? shared_input->cast(state, input, rows, state->input, /*with_transposed=*/weight_needs_grad)
-            : state->input.cast(rows, /*with_transposed=*/weight_needs_grad);
+    // A fused kernel may have written the cast already (float8_fusion.h);
+    // then `input` holds no values.
+    std::optional<Float8Tensor> offered = state->input.take_offered(input, "input");
+    const Float8Tensor input8 = offered ? *std::move(offered) : cast_input(input, state, shared_input, weight_needs_grad);
     // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
     // transposed [K, N] is W column-major, the second operand of dX = dY W.
     const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);
@@ -108,10 +115,13 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
 
     // dY [M, N]: data row-major is the first operand of dX = dY W; transposed
     // [N, M] is dY^T row-major, the first operand of dW = dY^T x.
-    const at::Tensor grad_rows = grad_outputs[0].reshape({-1, out_features}).contiguous();
     TensorScaling grad_scaling = TensorScaling::load_from(context, "grad_output.");
+    // A fused kernel may have written the cast already; then the gradient holds no values.
+    std::optional<Float8Tensor> offered = grad_scaling.take_offered(grad_outputs[0], "output gradient");
     const Float8Tensor grad8 =
-        grad_scaling.cast(grad_rows, /*with_transposed=*/input_t.defined(), /*with_data=*/weight_t.defined());
+        offered ? *std::move(offered)
+                : grad_scaling.cast(grad_outputs[0].reshape({-1, out_features}).contiguous(),
+                                    /*with_transposed=*/input_t.defined(), /*with_data=*/weight_t.defined());
 
     at::Tensor grad_input;
     if (weight_t.defined()) {
@@ -188,12 +198,7 @@ void Float8LinearImpl::set_float8_enabled(bool enabled) {
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   if (!float8_enabled()) return torch::nn::functional::linear(input, weight, bias);
 #if DDP_TORCH_HAS_SCALED_MM
-  if (!state_) {
-    state_ = detail::make_float8_state(float8_options, input.device());
-  } else if (state_->device != input.device()) {
-    detail::check_float8_supported(input.device());
-    state_->to(input.device());
-  }
+  detail::float8_state_on(*this, input.device());
   const int64_t rows = input.numel() / std::max<int64_t>(1, options.in_features());
   if (input.size(-1) != options.in_features() || rows % 16 != 0) {
     throw UsageError(fmt::format("Float8Linear({}, {}): input of shape {} does not fit: the last dimension must be "
@@ -223,6 +228,27 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
 }
 
 detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer) { return layer.state_.get(); }
+
+detail::Float8LinearState* detail::float8_state_on(Float8LinearImpl& layer, const c10::Device& device) {
+  if (!layer.float8_enabled()) return nullptr;
+  if (!layer.state_) {
+    layer.state_ = make_float8_state(layer.float8_options, device);
+  } else if (layer.state_->device != device) {
+    check_float8_supported(device);
+    layer.state_->to(device);
+  }
+  return layer.state_.get();
+}
+
+detail::TensorScaling* detail::fusable_input_scaling(Float8LinearImpl& layer, const c10::Device& device) {
+  Float8LinearState* state = float8_state_on(layer, device);
+  return state != nullptr && state->input.delayed() ? &state->input : nullptr;
+}
+
+detail::TensorScaling* detail::fusable_grad_output_scaling(Float8LinearImpl& layer) {
+  Float8LinearState* state = float8_state(layer);
+  return state != nullptr && state->grad_output.delayed() ? &state->grad_output : nullptr;
+}
 
 std::shared_ptr<detail::SharedInputCast>& detail::shared_input_cast(Float8LinearImpl& layer) {
   return layer.shared_input_;

@@ -7,6 +7,8 @@
 
 #include <ATen/ATen.h>
 
+#include <ddp/errors.h>
+
 #include "compat/torch_compat.h"
 #include "precision/float8_cast.h"
 
@@ -111,6 +113,44 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
   return result;
 }
 
+Float8Destination TensorScaling::destination(int64_t rows, int64_t cols) {
+  TORCH_CHECK(delayed(), "TensorScaling::destination: a cast written by another kernel needs delayed scaling");
+  commit_pending_amax();
+  const auto float8 = state_->scale.options().dtype(float8_dtype_);
+  Float8Destination destination;
+  destination.outputs.data = at::empty({rows, cols}, float8);
+  destination.outputs.transposed = at::empty({cols, rows}, float8);
+  destination.outputs.amax = state_->pending_amax;
+  destination.outputs.inverse_scale = at::empty({}, state_->scale.options());
+  destination.scale = Float8CastScale{state_->scale, /*from_amax=*/false};
+  destination.largest = static_cast<float>(largest_finite(float8_dtype_));
+  return destination;
+}
+
+at::Tensor TensorScaling::offer(const Float8Destination& written, at::IntArrayRef sizes, c10::ScalarType dtype) {
+  TORCH_CHECK(delayed(), "TensorScaling::offer: a cast written by another kernel needs delayed scaling");
+  state_->amax_pending = true;
+  const std::vector<int64_t> no_strides(sizes.size(), 0);
+  state_->offered_for = at::empty_strided(sizes, no_strides, state_->scale.options().dtype(dtype));
+  state_->offered = Float8Tensor{written.outputs.data, written.outputs.transposed, written.outputs.inverse_scale};
+  return state_->offered_for;
+}
+
+std::optional<Float8Tensor> TensorScaling::take_offered(const at::Tensor& tensor, const char* role) {
+  if (!delayed() || !state_->offered_for.defined()) return std::nullopt;
+  const at::Tensor offered_for = std::move(state_->offered_for);
+  Float8Tensor offered = std::move(state_->offered);
+  state_->offered_for.reset();
+  state_->offered = Float8Tensor{};
+  if (tensor.data_ptr() != offered_for.data_ptr() || tensor.sizes() != offered_for.sizes()) {
+    throw UsageError("Float8Linear: a fused kernel wrote the FP8 cast of this layer's " + std::string(role) +
+                     " and returned a tensor " + c10::str(offered_for.sizes()) + " that holds no values in its "
+                     "place, but the layer got another tensor " + c10::str(tensor.sizes()) + "; hand the layer "
+                     "exactly what the fused op returned (a fused op feeds one layer directly)");
+  }
+  return offered;
+}
+
 void TensorScaling::commit_pending_amax() {
   if (amax_pending()) commit_pending_amaxes({this});
 }
@@ -190,6 +230,8 @@ void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& sca
 
 void TensorScaling::to(const c10::Device& device) {
   if (!delayed()) return;
+  state_->offered_for.reset();  // a cast on the old device
+  state_->offered = Float8Tensor{};
   state_->amax_history = state_->amax_history.to(device);
   state_->scale = state_->scale.to(device);
   state_->pending_amax = state_->pending_amax.to(device);

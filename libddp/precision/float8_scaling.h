@@ -1,6 +1,8 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +11,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <ddp/float8.h>
+
+#include "precision/float8_cast.h"
 
 namespace ddp::detail {
 
@@ -29,6 +33,11 @@ struct DelayedScalingState : torch::CustomClassHolder {
   at::Tensor scale;         // 0-dim fp32
   at::Tensor pending_amax;  // 0-dim fp32: the amax of the casts since the last commit, zero after one
   bool amax_pending = false;  // whether pending_amax waits to enter the history
+  // A cast written by another kernel (TensorScaling::offer), waiting for the
+  // layer to take it: the placeholder tensor the layer will be handed, held
+  // so that its address cannot pass for another tensor's meanwhile.
+  at::Tensor offered_for;
+  Float8Tensor offered;
 };
 
 /// The scaling of one tensor role of a layer (input, weight or output
@@ -52,6 +61,23 @@ class TensorScaling {
   /// the GPU; with_data false leaves out the row-major copy (on the GPU)
   /// where only the transpose is needed.
   Float8Tensor cast(const at::Tensor& tensor, bool with_transposed = false, bool with_data = true);
+
+  /// Delayed scaling, for a kernel that computes this role's tensor and
+  /// writes its FP8 cast itself (float8_tile.cuh) instead of a bf16 tensor
+  /// for cast() to read again: the FP8 data and transpose of a [rows, cols]
+  /// matrix to fill, the scale to cast with and the pending amax to
+  /// max-accumulate into. Commits a pending amax first, as cast() does.
+  Float8Destination destination(std::int64_t rows, std::int64_t cols);
+  /// After that kernel ran: its amax is pending, and the cast waits for the
+  /// layer. Returns what to hand the layer in place of the tensor (its input,
+  /// or the gradient of its output): a tensor of `sizes` and `dtype` that
+  /// holds no values (one element, zero strides); the layer finds the cast
+  /// by it and never reads it.
+  at::Tensor offer(const Float8Destination& written, at::IntArrayRef sizes, c10::ScalarType dtype);
+  /// The cast offered for `tensor`, removed; nullopt where none waits.
+  /// UsageError where one waits for another tensor: the layer was not given
+  /// what the fused kernel returned (the offer is dropped).
+  std::optional<Float8Tensor> take_offered(const at::Tensor& tensor, const char* role);
 
   /// Delayed scaling: enters a pending amax into the history and recomputes
   /// the scale; no-op when none is pending, or under current scaling.
