@@ -1,5 +1,6 @@
-// Matmul throughput per precision policy at 8192^3, and Float8Linear against
-// a bf16 Linear at LLaMA-1.1B shapes, on one GPU, measured in the same run.
+// Matmul throughput per precision policy at 8192^3, Float8Linear against a
+// bf16 Linear at LLaMA-1.1B shapes, and the bandwidth of the FP8 cast kernel
+// at those shapes, on one GPU, measured in the same run.
 //
 //   build/benchmarks/precision/precision_bench --json results.json --markdown results.md
 //
@@ -14,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -23,6 +25,9 @@
 #include <ddp/ddp.h>
 
 #include "common/run_info.h"
+#if PRECISION_BENCH_WITH_CAST_KERNEL
+#include "precision/float8_cast.h"
+#endif
 
 namespace {
 
@@ -85,6 +90,7 @@ struct Row {
   double tflops;
   double ratio;  // against the row's baseline
   std::string baseline;
+  double terabytes_per_s = 0;  // memory traffic, for the casts
 };
 
 }  // namespace
@@ -155,10 +161,35 @@ int main(int argc, char** argv) try {
     }
   }
 
+#if PRECISION_BENCH_WITH_CAST_KERNEL
+  // 3. The FP8 cast as Float8Linear runs it (delayed scaling: scale given,
+  // amax taken, transpose written): activations and output gradients in
+  // bf16, weights in fp32. Traffic: the input read, two FP8 copies written.
+  for (const auto& [dtype, rows_count, cols] :
+       {std::tuple{torch::kBFloat16, args.tokens, std::int64_t{2048}}, std::tuple{torch::kBFloat16, args.tokens,
+                                                                                 std::int64_t{5632}},
+        std::tuple{torch::kFloat, std::int64_t{5632}, std::int64_t{2048}}}) {
+    const auto input = torch::randn({rows_count, cols}, f32).to(dtype);
+    ddp::detail::Float8CastOutputs outputs;
+    outputs.data = torch::empty({rows_count, cols}, f32.dtype(torch::kFloat8_e4m3fn));
+    outputs.transposed = torch::empty({cols, rows_count}, f32.dtype(torch::kFloat8_e4m3fn));
+    outputs.amax = torch::zeros({}, f32);
+    outputs.inverse_scale = torch::empty({}, f32);
+    const ddp::detail::Float8CastScale scale{torch::full({}, 2.0f, f32), /*from_amax=*/false};
+    const double ms = time_ms(args, [&] { ddp::detail::cast_to_float8(input, scale, 448.0f, outputs); });
+    const double bytes = static_cast<double>(input.numel()) * (input.element_size() + 2);
+    rows.push_back({fmt::format("FP8 cast, {} -> e4m3 + transpose + amax", c10::toString(dtype)),
+                    fmt::format("{} x {}", rows_count, cols), ms, 0.0, 0.0, "", bytes / ms / 1e9});
+  }
+#endif
+
   const auto info = bench::run_info(0);
-  std::string table = "| case | shape | ms | TFLOP/s | speed-up | against |\n|---|---|---|---|---|---|\n";
+  std::string table =
+      "| case | shape | ms | TFLOP/s | TB/s | speed-up | against |\n|---|---|---|---|---|---|---|\n";
   for (const auto& row : rows) {
-    table += fmt::format("| {} | {} | {:.3f} | {:.0f} | {} | {} |\n", row.name, row.detail, row.ms, row.tflops,
+    table += fmt::format("| {} | {} | {:.3f} | {} | {} | {} | {} |\n", row.name, row.detail, row.ms,
+                         row.tflops > 0 ? fmt::format("{:.0f}", row.tflops) : "",
+                         row.terabytes_per_s > 0 ? fmt::format("{:.2f}", row.terabytes_per_s) : "",
                          row.ratio > 0 ? fmt::format("{:.2f}x", row.ratio) : "", row.baseline);
   }
   std::printf("%s\n%s", fmt::format("{}, {}, commit {}, LibTorch {}", info.gpu, info.date, info.commit,
@@ -178,8 +209,9 @@ int main(int argc, char** argv) try {
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& row = rows[i];
       json += fmt::format("{}{{\"case\": \"{}\", \"shape\": \"{}\", \"ms\": {:.4f}, \"tflops\": {:.1f}, "
-                          "\"speedup\": {:.3f}, \"against\": \"{}\"}}",
-                          i ? ", " : "", row.name, row.detail, row.ms, row.tflops, row.ratio, row.baseline);
+                          "\"tbps\": {:.3f}, \"speedup\": {:.3f}, \"against\": \"{}\"}}",
+                          i ? ", " : "", row.name, row.detail, row.ms, row.tflops, row.terabytes_per_s, row.ratio,
+                          row.baseline);
     }
     std::ofstream(args.json) << json << "]}\n";
   }
