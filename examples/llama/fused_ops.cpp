@@ -186,7 +186,10 @@ torch::Tensor swiglu_down(const torch::Tensor& gate, const torch::Tensor& up, dd
                           [[maybe_unused]] ddp::Float8LinearImpl& gate_layer,
                           [[maybe_unused]] ddp::Float8LinearImpl& up_layer, [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS
-  if (fused && fits_swiglu_kernel(gate, up) && gate.dim() >= 1 && gate.numel() > 0) {
+  // Rows that an FP8 matmul cannot take make `down` refuse its input: then
+  // no cast may be left waiting for it.
+  if (fused && fits_swiglu_kernel(gate, up) && gate.dim() >= 1 && gate.numel() > 0 &&
+      gate.numel() / gate.size(-1) % 16 == 0) {
     ddp::detail::TensorScaling* down_input = ddp::detail::fusable_input_scaling(down, gate.device());
     ddp::detail::TensorScaling* gate_grad = nullptr;
     ddp::detail::TensorScaling* up_grad = nullptr;
