@@ -52,6 +52,15 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, con
                         fast_accumulation);
 }
 
+/// x [..., K] as the matrix [M, K]: data row-major is y's first operand;
+/// transposed [K, M] is x column-major, the second operand of dW = dY^T x.
+Float8Tensor cast_input(const at::Tensor& input, Float8LinearState* state, SharedInputCast* shared_input,
+                        bool with_transposed) {
+  const at::Tensor rows = input.reshape({-1, input.size(-1)}).contiguous();
+  return shared_input != nullptr ? shared_input->cast(state, input, rows, state->input, with_transposed)
+                                 : state->input.cast(rows, with_transposed);
+}
+
 /// y = x W^T with x and W in E4M3; backward with the output gradient in
 /// E5M2. The bias is added outside, by ordinary autograd: custom functions
 /// take no undefined inputs, and LLaMA-style layers have none.
@@ -62,15 +71,6 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, con
 /// keeps only the transposes of x and W (as FP8, not the fp32/bf16
 /// originals: a quarter to a half of the memory, as Transformer Engine
 /// does), and only those its gradients read.
-/// x [..., K] as the matrix [M, K]: data row-major is y's first operand;
-/// transposed [K, M] is x column-major, the second operand of dW = dY^T x.
-Float8Tensor cast_input(const at::Tensor& input, Float8LinearState* state, SharedInputCast* shared_input,
-                        bool with_transposed) {
-  const at::Tensor rows = input.reshape({-1, input.size(-1)}).contiguous();
-  return shared_input != nullptr ? shared_input->cast(state, input, rows, state->input, with_transposed)
-                                 : state->input.cast(rows, with_transposed);
-}
-
 struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunction> {
   /// input_needs_grad / weight_needs_grad: whether backward will compute
   /// that gradient (grad mode is off in here, so the caller says).
@@ -80,7 +80,8 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     // A fused kernel may have written the cast already (float8_fusion.h);
     // then `input` holds no values.
     std::optional<Float8Tensor> offered = state->input.take_offered(input, "input");
-    const Float8Tensor input8 = offered ? *std::move(offered) : cast_input(input, state, shared_input, weight_needs_grad);
+    const Float8Tensor input8 =
+        offered ? *std::move(offered) : cast_input(input, state, shared_input, weight_needs_grad);
     // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
     // transposed [K, N] is W column-major, the second operand of dX = dY W.
     const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);

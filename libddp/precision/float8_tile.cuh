@@ -272,11 +272,14 @@ void launch_with_format(const TileArgs<kInputs, kOutputs>& args, const Compute& 
   const bool transposed = args.outputs[0].transposed != nullptr;
   const bool amax = args.outputs[0].amax != nullptr;
   if (transposed && amax) {
-    float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, true, true><<<grid, kThreads, 0, stream>>>(args, compute);
+    float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, true, true>
+        <<<grid, kThreads, 0, stream>>>(args, compute);
   } else if (transposed) {
-    float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, true, false><<<grid, kThreads, 0, stream>>>(args, compute);
+    float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, true, false>
+        <<<grid, kThreads, 0, stream>>>(args, compute);
   } else if (amax) {
-    float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, false, true><<<grid, kThreads, 0, stream>>>(args, compute);
+    float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, false, true>
+        <<<grid, kThreads, 0, stream>>>(args, compute);
   } else {
     float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, false, false>
         <<<grid, kThreads, 0, stream>>>(args, compute);
@@ -302,8 +305,9 @@ inline void check_scalar(const at::Tensor& tensor, const at::Tensor& like, const
 /// the inputs' device, without synchronising with the host. `what` starts
 /// the error messages.
 template <int kInputs, int kOutputs, typename Compute>
-void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs], const Float8CastScale (&scales)[kOutputs],
-                         float largest, const Float8CastOutputs (&outputs)[kOutputs], const Compute& compute) {
+void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
+                         const Float8CastScale (&scales)[kOutputs], float largest,
+                         const Float8CastOutputs (&outputs)[kOutputs], const Compute& compute) {
   const at::Tensor& first = inputs[0];
   const c10::ScalarType input_dtype = first.scalar_type();
   TORCH_CHECK(input_dtype == at::kBFloat16 || input_dtype == at::kHalf || input_dtype == at::kFloat, what,
@@ -351,7 +355,8 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs], 
     tile_output.data = out.data.defined() ? static_cast<uint8_t*>(out.data.data_ptr()) : nullptr;
     tile_output.transposed = out.transposed.defined() ? static_cast<uint8_t*>(out.transposed.data_ptr()) : nullptr;
     tile_output.amax = out.amax.defined() ? static_cast<float*>(out.amax.data_ptr()) : nullptr;
-    tile_output.inverse_scale = out.inverse_scale.defined() ? static_cast<float*>(out.inverse_scale.data_ptr()) : nullptr;
+    tile_output.inverse_scale =
+        out.inverse_scale.defined() ? static_cast<float*>(out.inverse_scale.data_ptr()) : nullptr;
     tile_output.scale_source = static_cast<const float*>(scales[o].value.data_ptr());
     tile_output.scale_from_amax = scales[o].from_amax;
     args.vectorized = args.vectorized && aligned(tile_output.data, vector);

@@ -218,7 +218,8 @@ TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
 /// Both as bytes, equal.
 void expect_same_bytes(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const auto differ = actual.contiguous().view(-1).view(torch::kByte).ne(expected.contiguous().view(-1).view(torch::kByte));
+  const auto bytes = [](const torch::Tensor& t) { return t.contiguous().view(-1).view(torch::kByte); };
+  const auto differ = bytes(actual).ne(bytes(expected));
   EXPECT_EQ(differ.sum().item<int64_t>(), 0) << what << ": bytes differ";
 }
 
