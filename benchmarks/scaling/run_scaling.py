@@ -72,6 +72,9 @@ def parse_args():
                         help="dtype both sides all-reduce the gradients in; bf16: libddp's comm_hooks::average_in "
                              "and PyTorch's bf16_compress_hook (rounds the gradients; halves the bytes on NCCL, "
                              "while Gloo reduces 16-bit tensors in fp32)")
+    parser.add_argument("--sharding", choices=("none", "optimizer", "gradients"), default="none",
+                        help="libddp's sharding mode (scaling_bench --sharding): optimizer is ZeRO-1, gradients "
+                             "ZeRO-2; PyTorch's side stays plain DDP")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -190,6 +193,7 @@ def command_for(impl, model, precision, gpus, args, json_path):
             bench_args.append("--unfused")
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
+        bench_args += ["--sharding", args.sharding]
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
                 os.path.join(args.build, "benchmarks", "scaling", "scaling_bench")] + bench_args
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
@@ -363,6 +367,9 @@ def markdown(report, args):
             lines += [f"libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch ({why}).", ""]
         if args.fp8_fast_accum and any(r["precision"] == "fp8" for r in rows):
             lines += ["The fp8 rows used cuBLAS fast accumulation in the forward matmuls (`--fp8-fast-accum`).", ""]
+        if args.sharding != "none":
+            lines += [f"libddp ran with `--sharding {args.sharding}` (each rank steps its shard of the optimizer "
+                      "state; gradients reduce-scattered, parameters all-gathered); PyTorch with plain DDP.", ""]
         if args.reduce_dtype != "fp32":
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "

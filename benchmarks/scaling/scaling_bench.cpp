@@ -231,7 +231,7 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   model->to(device);
   resnet::to_channels_last(*model);
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<resnet::ResNet>>(model, process_group, options);
-  std::shared_ptr<torch::optim::Optimizer> optimizer = resnet::make_sgd(*model, 0.1, 0.9, 5e-5);
+  std::shared_ptr<torch::optim::Optimizer> optimizer = resnet::make_sgd(*ddp_model, 0.1, 0.9, 5e-5);
   const auto on_device = torch::TensorOptions().device(device);
   const at::Tensor images = torch::randn({batch, 3, image, image}, on_device).contiguous(at::MemoryFormat::ChannelsLast);
   const at::Tensor labels = torch::randint(0, 1000, {batch}, on_device.dtype(torch::kLong));
@@ -281,7 +281,7 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
     fp8_fast_accum = flags.on("fp8-fast-accum") ? "true" : "false";
   }
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<llama::Llama>>(model, process_group, options);
-  std::shared_ptr<torch::optim::Optimizer> optimizer = llama::make_adamw(*model, 3e-4, 0.95, 0.1);
+  std::shared_ptr<torch::optim::Optimizer> optimizer = llama::make_adamw(*ddp_model, 3e-4, 0.95, 0.1);
   const at::Tensor tokens =
       torch::randint(0, config.vocab_size, {batch, seq + 1}, torch::TensorOptions().device(device).dtype(torch::kLong));
   const at::Tensor inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
@@ -330,6 +330,7 @@ int main(int argc, char** argv) try {
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
+      .add("sharding", "none", "none | optimizer (ZeRO-1) | gradients (ZeRO-2)")
       .add("reduce-dtype", "fp32",
            "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
            "bf16_compress_hook; only where there is more than one process)")
@@ -360,9 +361,16 @@ int main(int argc, char** argv) try {
   torch::manual_seed(0);
 
   const bool timeline = !flags.on("no-timeline") && device.is_cuda();
+  ddp::Sharding sharding = ddp::Sharding::kNone;
+  try {
+    sharding = ddp::parse_sharding(flags.str("sharding"));
+  } catch (const ddp::UsageError& e) {
+    flags.fail(e.what());
+  }
   auto options = ddp::DistributedDataParallelOptions()
                      .bucket_cap_mb(flags.real("bucket-cap-mb"))
-                     .record_timeline(timeline);
+                     .record_timeline(timeline)
+                     .sharding(sharding);
   const std::string reduce_dtype = flags.str("reduce-dtype");
   if (reduce_dtype != "fp32" && reduce_dtype != "bf16") flags.fail("--reduce-dtype must be fp32 or bf16");
   // One process reduces nothing, so its row stays the baseline of the scaling efficiency.
@@ -434,11 +442,11 @@ int main(int argc, char** argv) try {
       "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
-      "\"reduce_dtype\": \"{}\", \"nccl_env\": {}, \"torch_version\": \"{}\"}}",
+      "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"nccl_env\": {}, \"torch_version\": \"{}\"}}",
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward), mean(optimizer),
       timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops, final_loss,
-      flags.real("bucket-cap-mb"), reduce_dtype, nccl_environment_json(), TORCH_VERSION);
+      flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), nccl_environment_json(), TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

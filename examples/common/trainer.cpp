@@ -7,7 +7,6 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include "lr_schedule.h"
 #include "progress.h"
@@ -116,9 +115,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     }
     if (options_.clip_grad_norm > 0) {
       scaler_.unscale_(optimizer_);
-      std::vector<at::Tensor> params;
-      for (auto& group : optimizer_.param_groups()) params.insert(params.end(), group.params().begin(), group.params().end());
-      torch::nn::utils::clip_grad_norm_(params, options_.clip_grad_norm);
+      callbacks.clip_grad_norm(options_.clip_grad_norm);
     }
     scaler_.step(optimizer_);
     scaler_.update();

@@ -57,6 +57,9 @@ struct TrainingCallbacks {
   std::function<at::Tensor(bool sync, ddp::GradScaler& scaler, double loss_weight)> micro_step;
   std::function<std::vector<std::int64_t>()> data_position;
   std::function<void(const std::vector<std::int64_t>&)> seek_data;
+  /// Clips the gradients the optimizer steps to a norm over the whole model
+  /// (ddp::clip_grad_norm_: with sharding each rank holds only part of them).
+  std::function<void(double max_norm)> clip_grad_norm;
   /// Optional: evaluates the model and returns a line to print (rank 0) and
   /// a JSON object body for the metrics log.
   std::function<std::pair<std::string, std::string>()> evaluate;

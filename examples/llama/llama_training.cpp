@@ -20,13 +20,16 @@ ddp::Float8Scaling float8_scaling_named(const std::string& name) {
   throw std::invalid_argument("--fp8-scaling must be current or delayed, got '" + name + "'");
 }
 
-std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(LlamaImpl& model, double lr, double beta2, double weight_decay) {
+std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(const ddp::DistributedDataParallel<Llama>& model, double lr,
+                                                   double beta2, double weight_decay) {
   std::vector<at::Tensor> decay, no_decay;
-  for (auto& param : model.parameters()) (param.dim() >= 2 ? decay : no_decay).push_back(param);
+  for (auto& param : model.module()->parameters()) (param.dim() >= 2 ? decay : no_decay).push_back(param);
   const auto adamw = torch::optim::AdamWOptions(lr).betas({0.9, beta2});
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw).weight_decay(weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw).weight_decay(0)));
+  groups.emplace_back(model.local_parameters(decay),
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw).weight_decay(weight_decay)));
+  groups.emplace_back(model.local_parameters(no_decay),
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(adamw).weight_decay(0)));
   return std::make_unique<ddp::optim::FusedAdamW>(std::move(groups), adamw);
 }
 

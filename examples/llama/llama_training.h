@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <ddp/distributed_data_parallel.h>
 #include <ddp/float8.h>
 #include <ddp/optim.h>
 
@@ -27,8 +28,10 @@ ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling 
 ddp::Float8Scaling float8_scaling_named(const std::string& name);
 
 /// AdamW (fused where LibTorch has the kernel) with weight decay on matrices
-/// only, not on norms.
-std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(LlamaImpl& model, double lr, double beta2, double weight_decay);
+/// only, not on norms, over what `model` says this rank steps (its shards of
+/// the parameters when sharded).
+std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(const ddp::DistributedDataParallel<Llama>& model, double lr,
+                                                   double beta2, double weight_decay);
 
 /// Mean cross entropy of predicting `targets` [batch, seq] from `logits`
 /// [batch, seq, vocab], computed in fp32 whatever the logits' dtype.

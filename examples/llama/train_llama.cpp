@@ -60,6 +60,9 @@ int main(int argc, char** argv) try {
       .add("val-data", "", "token file for validation (default: the training data, in file order)")
       .add("eval-batches", "10", "validation batches per rank at each evaluation")
       .add_switch("activation-checkpointing", "recompute each block's activations in backward to save memory")
+      .add("sharding", "none",
+           "what each rank keeps whole: none (plain DDP) | optimizer (ZeRO-1: optimizer state sharded) | gradients "
+           "(ZeRO-2: gradients too)")
       .add("weight-decay", "0.1", "AdamW weight decay (not on norms)")
       .add("beta2", "0.95", "AdamW beta2")
       .add("seed", "0", "random seed");
@@ -93,6 +96,17 @@ int main(int argc, char** argv) try {
   if (batch < 1) flags.fail("--batch must be at least 1");
 
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
+  ddp::Sharding sharding = ddp::Sharding::kNone;
+  try {
+    sharding = ddp::parse_sharding(flags.str("sharding"));
+  } catch (const ddp::UsageError& e) {
+    flags.fail(e.what());
+  }
+  if (sharding != ddp::Sharding::kNone && !flags.str("checkpoint").empty()) {
+    flags.fail("--checkpoint cannot be combined with --sharding " + flags.str("sharding") +
+               " yet: checkpoints of sharded optimizer state are not implemented; train with --sharding none to "
+               "save checkpoints");
+  }
   ddp::Float8Scaling float8_scaling{};
   try {
     float8_scaling = llama::float8_scaling_named(flags.str("fp8-scaling"));
@@ -134,9 +148,10 @@ int main(int argc, char** argv) try {
                   report.skipped.size());
     }
   }
-  DataParallelLlama ddp_model(model, process_group);
+  DataParallelLlama ddp_model(model, process_group, ddp::DistributedDataParallelOptions().sharding(sharding));
 
-  const auto optimizer = llama::make_adamw(*model, flags.real("lr"), flags.real("beta2"), flags.real("weight-decay"));
+  const auto optimizer =
+      llama::make_adamw(ddp_model, flags.real("lr"), flags.real("beta2"), flags.real("weight-decay"));
 
   auto options = examples::trainer_options(flags);
   options.unit = "tok/s";
@@ -155,6 +170,7 @@ int main(int argc, char** argv) try {
                 process_group->world_size(), device.str().c_str(), ddp::to_string(policy.precision()).c_str(),
                 static_cast<long long>(batch), static_cast<long long>(options.grad_accum),
                 static_cast<long long>(config.max_seq_len), optimizer->fused() ? "fused AdamW" : "AdamW");
+    std::printf("%s\n", ddp_model.memory_report(optimizer.get()).to_string().c_str());
     std::printf("uniform-guess loss: ln(%lld) = %.3f\n", static_cast<long long>(config.vocab_size),
                 std::log(static_cast<double>(config.vocab_size)));
   }
@@ -172,6 +188,7 @@ int main(int argc, char** argv) try {
     if (agree_on_float8_scales) ddp::float8::all_reduce_amaxes(*model, *process_group);
     return loss.detach();
   };
+  callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };
   callbacks.seek_data = [&](const std::vector<std::int64_t>& position) { train_data->seek(position.at(0)); };
   const std::int64_t eval_batches = flags.integer("eval-batches");

@@ -20,13 +20,15 @@ void check_precision(const ddp::PrecisionPolicy& policy) {
   }
 }
 
-std::unique_ptr<ddp::optim::FusedSGD> make_sgd(ResNetImpl& model, double lr, double momentum, double weight_decay) {
+std::unique_ptr<ddp::optim::FusedSGD> make_sgd(const ddp::DistributedDataParallel<ResNet>& model, double lr,
+                                               double momentum, double weight_decay) {
   std::vector<at::Tensor> decay, no_decay;
-  for (auto& param : model.parameters()) (param.dim() > 1 ? decay : no_decay).push_back(param);
+  for (auto& param : model.module()->parameters()) (param.dim() > 1 ? decay : no_decay).push_back(param);
   const auto sgd = torch::optim::SGDOptions(lr).momentum(momentum);
   std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(sgd).weight_decay(weight_decay)));
-  groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(sgd));
+  groups.emplace_back(model.local_parameters(decay),
+                      std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(sgd).weight_decay(weight_decay)));
+  groups.emplace_back(model.local_parameters(no_decay), std::make_unique<torch::optim::SGDOptions>(sgd));
   return std::make_unique<ddp::optim::FusedSGD>(std::move(groups), sgd);
 }
 

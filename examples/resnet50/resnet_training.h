@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <ddp/distributed_data_parallel.h>
 #include <ddp/optim.h>
 #include <ddp/precision.h>
 
@@ -23,7 +24,8 @@ void to_channels_last(ResNetImpl& model);
 void check_precision(const ddp::PrecisionPolicy& policy);
 
 /// SGD with momentum (fused on GPUs); weight decay only on convolution and linear weights,
-/// not on BatchNorm parameters and biases.
-std::unique_ptr<ddp::optim::FusedSGD> make_sgd(ResNetImpl& model, double lr, double momentum, double weight_decay);
+/// not on BatchNorm parameters and biases; over what `model` says this rank steps.
+std::unique_ptr<ddp::optim::FusedSGD> make_sgd(const ddp::DistributedDataParallel<ResNet>& model, double lr,
+                                               double momentum, double weight_decay);
 
 }  // namespace resnet

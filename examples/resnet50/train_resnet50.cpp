@@ -117,7 +117,7 @@ int main(int argc, char** argv) try {
   ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, process_group);
 
   const auto optimizer =
-      resnet::make_sgd(*model, flags.real("lr"), flags.real("momentum"), flags.real("weight-decay"));
+      resnet::make_sgd(ddp_model, flags.real("lr"), flags.real("momentum"), flags.real("weight-decay"));
 
   auto options = examples::trainer_options(flags);
   options.unit = "img/s";
@@ -148,6 +148,7 @@ int main(int argc, char** argv) try {
     scaler.scale(loss * loss_weight).backward();
     return loss.detach();
   };
+  callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
   callbacks.data_position = [&] {
     const auto position = train_data->position();
     return std::vector<std::int64_t>{position.epoch, position.batch};

@@ -13,7 +13,13 @@ namespace ddp {
 /// One bucket of gradients, flattened: the same layout on every rank.
 struct GradBucket {
   std::size_t index;  ///< Buckets are reduced in index order on every rank.
-  at::Tensor buffer;  ///< Flat gradients; must hold their average across ranks once the reduction finishes.
+  /// Flat gradients. Without sharding it must hold their average across
+  /// ranks once the reduction finishes.
+  at::Tensor buffer;
+  /// Sharded modes only (undefined otherwise): buffer holds world_size equal
+  /// parts, and this rank's part of the average must end up here
+  /// (Communicator::reduce_scatter); buffer itself need not change.
+  at::Tensor shard;
 };
 
 /// How DDP reduces a bucket, as PyTorch's communication hooks. Called once a
@@ -24,11 +30,13 @@ using CommHook = std::function<std::function<void()>(Communicator& comm, const G
 
 namespace comm_hooks {
 
-/// All-reduce average in the gradients' own dtype (the default).
+/// Average in the gradients' own dtype (the default): an all-reduce, or a
+/// reduce-scatter in the sharded modes.
 CommHook average();
 
 /// Casts the bucket to `dtype` (bf16 or fp16), averages in it and casts back:
-/// half the bytes on the wire for fp32 gradients, as PyTorch's bf16_compress_hook.
+/// half the bytes on the wire for fp32 gradients, as PyTorch's bf16_compress_hook
+/// (and FSDP's reduce_dtype in the sharded modes).
 CommHook average_in(c10::ScalarType dtype);
 
 }  // namespace comm_hooks

@@ -82,6 +82,12 @@ class Communicator {
   /// Concatenates every rank's `input` into `output`, which holds
   /// world_size() * input.numel() elements of input's dtype, in rank order.
   virtual std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
+  /// Reduces every rank's `input`, which holds world_size() * output.numel()
+  /// elements, and leaves in `output` this rank's part of the result: the
+  /// elements [rank() * n, (rank() + 1) * n) with n = output.numel(). `output`
+  /// may be that part of `input` itself (in place). kAvg needs a floating-point dtype.
+  virtual std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                               ReduceOp op = ReduceOp::kSum) = 0;
   /// Returns once every rank has called barrier(); throws on timeout.
   virtual void barrier() = 0;
 };

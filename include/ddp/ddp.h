@@ -12,3 +12,4 @@
 #include <ddp/optim.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>
+#include <ddp/sharding.h>

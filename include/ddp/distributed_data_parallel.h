@@ -12,6 +12,11 @@
 
 #include <ddp/comm_hooks.h>
 #include <ddp/process_group.h>
+#include <ddp/sharding.h>
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
 
 namespace ddp {
 
@@ -45,6 +50,10 @@ struct DistributedDataParallelOptions {
   /// DDP object is destroyed. Unset: the DDP_TIMELINE variable, a path
   /// prefix to which each rank appends ".rank<N>.json".
   TORCH_ARG(std::string, timeline_path) = "";
+  /// What each rank keeps whole (ZeRO stages; see Sharding). With sharding,
+  /// build the optimizer over parameters() instead of the module's, and the
+  /// buckets keep their first layout (they are not rebuilt in ready order).
+  TORCH_ARG(Sharding, sharding) = Sharding::kNone;
 };
 
 /// Device times of one reduced backward pass, from the end of forward.
@@ -59,6 +68,7 @@ namespace detail {
 class Reducer;
 class Timeline;
 class BufferSync;
+class ShardedParameters;
 
 /// The part of DistributedDataParallel that does not depend on the module type.
 class DataParallelCore {
@@ -72,11 +82,18 @@ class DataParallelCore {
   bool sync() const;
   std::vector<std::size_t> bucket_bytes() const;
   std::vector<IterationTiming> timings() const;
+  std::vector<at::Tensor> parameters() const;
+  std::vector<at::Tensor> local_parameters(const std::vector<at::Tensor>& module_parameters) const;
+  void gather_parameters();
+  MemoryReport memory_report(const torch::optim::Optimizer* optimizer) const;
+  at::Tensor clip_grad_norm_(double max_norm, double norm_type);
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;
+  std::vector<at::Tensor> trained_;  // each trained parameter once (tied ones are one)
+  std::shared_ptr<ShardedParameters> sharded_;  // null: Sharding::kNone
   std::unique_ptr<BufferSync> buffer_sync_;  // null: no buffers
   std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Reducer> reducer_;
@@ -202,9 +219,53 @@ class DistributedDataParallel {
   /// Waits for the device to finish them.
   std::vector<IterationTiming> timings() const { return core_->timings(); }
 
+  /// What the optimizer must step on this rank. Without sharding, the
+  /// module's trained parameters. With sharding, this rank's part of each: a
+  /// flat tensor aliasing the part of the parameter in this rank's shard,
+  /// whose gradient, after a reducing backward, is the average over ranks of
+  /// that part (parameters with no part here are left out). Elementwise
+  /// optimizers (SGD, Adam, AdamW, the fused ones in <ddp/optim.h>) then
+  /// train exactly as on the whole parameters; ones that look across elements
+  /// (LBFGS, Adafactor) do not.
+  ///
+  ///   ddp::optim::FusedAdamW optimizer(model.parameters(), options);
+  std::vector<at::Tensor> parameters() const { return core_->parameters(); }
+  /// parameters() for a subset of the module's parameters, for optimizer
+  /// groups (e.g. no weight decay for 1-D parameters): the subset is chosen
+  /// on the module's parameters, whose shapes are still known. Tensors that
+  /// require no gradient (frozen parameters) are passed through.
+  std::vector<at::Tensor> local_parameters(const std::vector<at::Tensor>& module_parameters) const {
+    return core_->local_parameters(module_parameters);
+  }
+  /// With sharding, the optimizer updates only this rank's shards; the next
+  /// forward all-gathers the module's parameters first. Call this to have
+  /// them whole without a forward, e.g. before saving the module. Collective.
+  void gather_parameters() { core_->gather_parameters(); }
+
+  /// What this rank holds of the model: parameters, gradients and, given the
+  /// optimizer that steps parameters(), its state.
+  MemoryReport memory_report(const torch::optim::Optimizer* optimizer = nullptr) const {
+    return core_->memory_report(optimizer);
+  }
+
  private:
   ModuleType module_;
   std::shared_ptr<detail::DataParallelCore> core_;
+
+  template <typename M>
+  friend at::Tensor clip_grad_norm_(DistributedDataParallel<M>& model, double max_norm, double norm_type);
 };
+
+/// Scales the gradients of model.parameters() so that their norm over the
+/// whole model, across ranks, is at most `max_norm`, as
+/// torch::nn::utils::clip_grad_norm_ in one process; with sharding each rank
+/// holds part of the gradients, so the norm is reduced across ranks
+/// (collective: every rank must call it). Returns the norm before clipping,
+/// as a tensor on the device (reading it waits for the device). `norm_type`:
+/// p of the p-norm, or infinity.
+template <typename ModuleType>
+at::Tensor clip_grad_norm_(DistributedDataParallel<ModuleType>& model, double max_norm, double norm_type = 2.0) {
+  return model.core_->clip_grad_norm_(max_norm, norm_type);
+}
 
 }  // namespace ddp

@@ -167,18 +167,43 @@ std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int 
                });
 }
 
+void CommunicatorBase::check_world_multiple(const at::Tensor& whole, const at::Tensor& part, const char* op,
+                                            const char* whole_role) const {
+  if (whole.scalar_type() != part.scalar_type() || whole.numel() != part.numel() * world_size_) {
+    throw UsageError(fmt::format("libddp: {}: the {} must hold world_size ({}) x {} elements of {}, got {} "
+                                 "elements of {}",
+                                 op, whole_role, world_size_, part.numel(), c10::toString(part.scalar_type()),
+                                 whole.numel(), c10::toString(whole.scalar_type())));
+  }
+}
+
 std::shared_ptr<Work> CommunicatorBase::all_gather(const at::Tensor& output, const at::Tensor& input) {
   check_tensor(input, "all_gather", "input");
   check_tensor(output, "all_gather", "output");
-  if (output.scalar_type() != input.scalar_type() || output.numel() != input.numel() * world_size_) {
-    throw UsageError(fmt::format("libddp: all_gather: the output must hold world_size ({}) x {} elements of {}, "
-                                 "got {} elements of {}",
-                                 world_size_, input.numel(), c10::toString(input.scalar_type()), output.numel(),
-                                 c10::toString(output.scalar_type())));
-  }
+  check_world_multiple(output, input, "all_gather", "output");
   return issue("all_gather", describe_tensor(input),
                [&]() {
                  return input.numel() == 0 ? nullptr : launch_all_gather(output, input);
+               });
+}
+
+std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                       ReduceOp op) {
+  check_tensor(input, "reduce_scatter", "input");
+  check_tensor(output, "reduce_scatter", "output");
+  check_world_multiple(input, output, "reduce_scatter", "input");
+  if (op == ReduceOp::kAvg && !at::isFloatingType(input.scalar_type())) {
+    throw UsageError(fmt::format("libddp: reduce_scatter: avg needs a floating-point tensor, got {}; use sum and "
+                                 "divide, or convert the tensor",
+                                 c10::toString(input.scalar_type())));
+  }
+  return issue("reduce_scatter", fmt::format("{}, {}", to_string(op), describe_tensor(input)),
+               [&]() -> std::unique_ptr<BackendOp> {
+                 if (output.numel() == 0) return nullptr;
+                 if (world_size_ > 1) return launch_reduce_scatter(output, input, op);
+                 // One rank: the result is the input, already in place or one copy away.
+                 if (output.data_ptr() != input.data_ptr()) output.view({-1}).copy_(input.view({-1}));
+                 return nullptr;
                });
 }
 

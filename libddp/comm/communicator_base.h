@@ -110,6 +110,7 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   std::shared_ptr<Work> all_reduce(const at::Tensor& tensor, ReduceOp op) final;
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) final;
   std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) final;
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) final;
   void barrier() final;
 
   enum class Failure { kTimeout, kBackendError };
@@ -121,6 +122,8 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   virtual std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
   virtual std::unique_ptr<BackendOp> launch_broadcast(const at::Tensor& tensor, int root) = 0;
   virtual std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
+  virtual std::unique_ptr<BackendOp> launch_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                           ReduceOp op) = 0;
   /// Makes collectives in flight return (NCCL: ncclCommAbort). Called once,
   /// from whichever thread first sees a failure; never concurrently with a launch.
   virtual void abort() noexcept = 0;
@@ -136,6 +139,9 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   using LaunchFn = std::function<std::unique_ptr<BackendOp>()>;
   std::shared_ptr<Work> issue(const char* op, std::string detail, const LaunchFn& launch);
   void check_tensor(const at::Tensor& tensor, const char* op, const char* role) const;
+  /// Throws UsageError unless `whole` holds world_size() x `part` elements of its dtype.
+  void check_world_multiple(const at::Tensor& whole, const at::Tensor& part, const char* op,
+                            const char* whole_role) const;
   void watchdog_loop();
   void settle_pending();
   /// Ends the process if a launch has been inside the backend past its deadline.

@@ -65,14 +65,8 @@ class GlooCommunicator final : public CommunicatorBase {
 
  protected:
   std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
-    // Gloo reduces in the tensor's own dtype; bf16/fp16 sums keep few bits,
-    // so 16-bit tensors are reduced in fp32 and copied back.
-    at::Tensor buffer = is_16_bit(tensor) ? tensor.to(at::kFloat) : tensor;
-    if (op == ReduceOp::kAvg) buffer.div_(world_size());
-    std::vector<at::Tensor> tensors{buffer};
-    c10d::AllreduceOptions options;
-    options.reduceOp = to_c10d(op);
-    auto work = group_->allreduce(tensors, options);
+    at::Tensor buffer = reduction_buffer(tensor, /*copy=*/false);
+    auto work = start_all_reduce(buffer, op);
     std::function<void()> copy_back;
     if (!buffer.is_same(tensor)) copy_back = [tensor, buffer]() mutable { tensor.copy_(buffer); };
     return std::make_unique<GlooOp>(std::move(work), std::move(copy_back));
@@ -86,10 +80,26 @@ class GlooCommunicator final : public CommunicatorBase {
   }
 
   std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input) override {
-    // Gloo gathers into one tensor per rank; views of `output` make that the flat result.
+    // Gloo gathers into one tensor per rank; views of `output` make that the
+    // flat result. An input that is this rank's part of the output (in place)
+    // is copied first: Gloo copies it into that part.
     std::vector<std::vector<at::Tensor>> outputs{as_bits(output).view({-1}).chunk(world_size())};
-    std::vector<at::Tensor> inputs{as_bits(input)};
+    std::vector<at::Tensor> inputs{as_bits(input.is_alias_of(output) ? input.clone() : input)};
     return std::make_unique<GlooOp>(group_->allgather(outputs, inputs), nullptr);
+  }
+
+  std::unique_ptr<BackendOp> launch_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                   ReduceOp op) override {
+    // Not every LibTorch libddp builds against has a Gloo reduce-scatter:
+    // all-reduce a copy of the whole input and keep this rank's part. Twice
+    // the traffic of a real one; Gloo carries CPU jobs, not large models.
+    at::Tensor buffer = reduction_buffer(input, /*copy=*/true);
+    auto work = start_all_reduce(buffer, op);
+    const std::int64_t part = output.numel();
+    std::function<void()> copy_part = [output, buffer, part, rank = rank()]() mutable {
+      output.view({-1}).copy_(buffer.view({-1}).narrow(0, rank * part, part));
+    };
+    return std::make_unique<GlooOp>(std::move(work), std::move(copy_part));
   }
 
   void abort() noexcept override {
@@ -98,8 +108,21 @@ class GlooCommunicator final : public CommunicatorBase {
   }
 
  private:
-  static bool is_16_bit(const at::Tensor& tensor) {
-    return tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf;
+  /// Gloo reduces in the tensor's own dtype; bf16/fp16 sums keep few bits,
+  /// so 16-bit tensors are reduced in fp32. `copy`: never `tensor` itself.
+  static at::Tensor reduction_buffer(const at::Tensor& tensor, bool copy) {
+    const bool is_16_bit = tensor.scalar_type() == at::kBFloat16 || tensor.scalar_type() == at::kHalf;
+    return tensor.to(is_16_bit ? at::kFloat : tensor.scalar_type(), /*non_blocking=*/false, copy);
+  }
+
+  /// Starts reducing `buffer` in place; Gloo has no average, so for kAvg
+  /// every rank divides before the sum.
+  c10::intrusive_ptr<c10d::Work> start_all_reduce(at::Tensor& buffer, ReduceOp op) {
+    if (op == ReduceOp::kAvg) buffer.div_(world_size());
+    std::vector<at::Tensor> tensors{buffer};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    return group_->allreduce(tensors, options);
   }
 
   /// Copies move bits, not numbers: bf16, which older Gloo cannot carry,

@@ -125,6 +125,14 @@ class NcclCommunicator final : public CommunicatorBase {
     });
   }
 
+  std::unique_ptr<BackendOp> launch_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                   ReduceOp op) override {
+    return launch({output, input}, "ncclReduceScatter", [&](cudaStream_t stream) {
+      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), to_nccl(input.scalar_type()),
+                               to_nccl(op), comm_, stream);
+    });
+  }
+
   void abort() noexcept override {
     if (comm_ == nullptr) return;
     ncclCommAbort(comm_);

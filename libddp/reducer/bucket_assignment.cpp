@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <tuple>
 
 namespace ddp::detail {
@@ -61,6 +62,13 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tenso
     }
   }
   return buckets;
+}
+
+std::vector<std::vector<std::size_t>> initial_buckets(const std::vector<at::Tensor>& tensors,
+                                                      std::size_t first_cap_bytes, std::size_t cap_bytes) {
+  std::vector<std::size_t> order(tensors.size());
+  std::iota(order.rbegin(), order.rend(), 0);
+  return assign_buckets(tensors, order, first_cap_bytes, cap_bytes);
 }
 
 }  // namespace ddp::detail

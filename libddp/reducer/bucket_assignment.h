@@ -19,4 +19,9 @@ std::vector<std::vector<std::size_t>> assign_buckets(const std::vector<at::Tenso
                                                      const std::vector<std::size_t>& order,
                                                      std::size_t first_cap_bytes, std::size_t cap_bytes);
 
+/// The buckets before any gradient was seen: gradients become ready roughly
+/// in reverse order of registration (the last layers first), so that order.
+std::vector<std::vector<std::size_t>> initial_buckets(const std::vector<at::Tensor>& tensors,
+                                                      std::size_t first_cap_bytes, std::size_t cap_bytes);
+
 }  // namespace ddp::detail

@@ -2,17 +2,26 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <unordered_set>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include <ddp/errors.h>
 
+#include "reducer/bucket_assignment.h"
 #include "reducer/buffer_sync.h"
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
 #include "reducer/timeline.h"
+#include "sharding/sharded_parameters.h"
 
 namespace ddp::detail {
 namespace {
@@ -23,6 +32,31 @@ std::size_t mebibytes_to_bytes(double mebibytes, const char* option) {
                                  option, mebibytes));
   }
   return static_cast<std::size_t>(std::max(1.0, mebibytes * (1 << 20)));
+}
+
+std::int64_t bytes_of(const at::Tensor& tensor) { return tensor.defined() ? tensor.numel() * tensor.element_size() : 0; }
+
+/// Bytes of the tensors in an optimizer's state, for the optimizers LibTorch
+/// has; -1 for a state type it does not know.
+std::int64_t state_bytes(const torch::optim::Optimizer& optimizer) {
+  std::int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    const torch::optim::OptimizerParamState* state = entry.second.get();
+    if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      bytes += bytes_of(adamw->exp_avg()) + bytes_of(adamw->exp_avg_sq()) + bytes_of(adamw->max_exp_avg_sq());
+    } else if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      bytes += bytes_of(adam->exp_avg()) + bytes_of(adam->exp_avg_sq()) + bytes_of(adam->max_exp_avg_sq());
+    } else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      bytes += bytes_of(sgd->momentum_buffer());
+    } else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(state)) {
+      bytes += bytes_of(adagrad->sum());
+    } else if (const auto* rmsprop = dynamic_cast<const torch::optim::RMSpropParamState*>(state)) {
+      bytes += bytes_of(rmsprop->square_avg()) + bytes_of(rmsprop->momentum_buffer()) + bytes_of(rmsprop->grad_avg());
+    } else {
+      return -1;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -38,7 +72,11 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   std::vector<at::Tensor> trained;
   std::vector<std::string> names;
   std::vector<at::Tensor> state;  // every parameter and buffer, copied from rank 0
+  // A parameter registered in two modules (tied embedding and output
+  // weights) is one parameter, under its first name, as in PyTorch.
+  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module_->named_parameters()) {
+    if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     state.push_back(item.value());
     if (!item.value().requires_grad()) continue;
     trained.push_back(item.value());
@@ -70,7 +108,15 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
     timeline_ = std::make_shared<Timeline>(comm.device(), process_group_->rank(), timeline_path);
     config.timeline = timeline_;
   }
-  reducer_ = std::make_shared<Reducer>(std::move(trained), std::move(names), comm, std::move(config));
+  const auto plan = initial_buckets(trained, config.first_bucket_bytes, config.bucket_bytes);
+  if (options.sharding() != Sharding::kNone) {
+    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm);
+    config.sharded = sharded_;
+    config.free_reduced_buckets = options.sharding() == Sharding::kGradients;
+    config.reduce = true;  // the shards are filled even on one rank
+  }
+  trained_ = trained;
+  reducer_ = std::make_shared<Reducer>(std::move(trained), std::move(names), plan, comm, std::move(config));
   reducer_->install_hooks();
 }
 
@@ -78,6 +124,7 @@ DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
   reducer_->prepare_for_forward();
+  if (sharded_) sharded_->gather();
   if (buffer_sync_ && module_->is_training()) {
     buffer_sync_->broadcast(process_group_->communicator(), 0);
   }
@@ -92,6 +139,81 @@ bool DataParallelCore::sync() const { return reducer_->sync(); }
 std::vector<std::size_t> DataParallelCore::bucket_bytes() const { return reducer_->bucket_bytes(); }
 std::vector<IterationTiming> DataParallelCore::timings() const {
   return timeline_ ? timeline_->timings() : std::vector<IterationTiming>{};
+}
+
+std::vector<at::Tensor> DataParallelCore::parameters() const {
+  return sharded_ ? sharded_->local_parameters() : trained_;
+}
+
+std::vector<at::Tensor> DataParallelCore::local_parameters(const std::vector<at::Tensor>& module_parameters) const {
+  return sharded_ ? sharded_->local_parameters(module_parameters) : module_parameters;
+}
+
+void DataParallelCore::gather_parameters() {
+  if (sharded_) sharded_->gather();
+}
+
+MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* optimizer) const {
+  MemoryReport report;
+  report.sharding = options_.sharding();
+  report.world_size = process_group_->world_size();
+  std::unordered_set<const c10::TensorImpl*> trained;
+  for (const at::Tensor& parameter : trained_) {
+    trained.insert(parameter.unsafeGetTensorImpl());
+    report.trained_elements += parameter.numel();
+  }
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const at::Tensor& parameter : module_->parameters()) {
+    const c10::TensorImpl* key = parameter.unsafeGetTensorImpl();
+    if (!seen.insert(key).second || (sharded_ && trained.count(key) != 0)) continue;
+    report.parameter_bytes += bytes_of(parameter);  // whole on every rank
+  }
+  if (sharded_) {
+    report.parameter_bytes += sharded_->buffer_bytes();
+    report.gradient_bytes = sharded_->gradient_shard_bytes() + reducer_->allocated_bucket_bytes();
+    report.optimizer_elements = sharded_->local_elements();
+    report.padding_elements = sharded_->padding_elements();
+  } else {
+    for (const at::Tensor& parameter : trained_) report.gradient_bytes += bytes_of(parameter);
+    report.optimizer_elements = report.trained_elements;
+  }
+  if (optimizer != nullptr) report.optimizer_state_bytes = state_bytes(*optimizer);
+  return report;
+}
+
+at::Tensor DataParallelCore::clip_grad_norm_(double max_norm, double norm_type) {
+  if (!(max_norm > 0) || !(norm_type > 0)) {
+    throw UsageError(fmt::format("libddp: clip_grad_norm_ needs a positive max_norm and norm_type, got {} and {}",
+                                 max_norm, norm_type));
+  }
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& parameter : parameters()) {
+    if (parameter.grad().defined()) grads.push_back(parameter.grad());
+  }
+  const bool infinite = std::isinf(norm_type);
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(process_group_->device());
+  std::vector<at::Tensor> norms;
+  for (const at::Tensor& grad : grads) norms.push_back(grad.norm(norm_type).to(at::kFloat).reshape({1}));
+  at::Tensor total;
+  if (sharded_) {
+    // Each rank holds disjoint parts of the gradients: the p-th powers add
+    // up (maxima max up) across ranks. A rank with no part joins with zero.
+    at::Tensor local = norms.empty() ? at::zeros({1}, options)
+                       : infinite   ? at::cat(norms).max().reshape({1})
+                                    : at::cat(norms).pow(norm_type).sum().reshape({1});
+    process_group_->communicator().all_reduce(local, infinite ? ReduceOp::kMax : ReduceOp::kSum)->wait_stream();
+    total = infinite ? local : local.pow(1.0 / norm_type);
+  } else {
+    total = norms.empty() ? at::zeros({1}, options) : at::cat(norms).norm(norm_type).reshape({1});
+  }
+  total = total.reshape({});
+  // As torch::nn::utils::clip_grad_norm_: the 1e-6 keeps a zero norm finite;
+  // the clamp leaves gradients already within the bound unchanged, with no
+  // host sync to decide it.
+  const at::Tensor scale = (max_norm / (total + 1e-6)).clamp_max(1.0);
+  for (at::Tensor& grad : grads) grad.mul_(scale.to(grad.scalar_type()));
+  return total;
 }
 
 }  // namespace ddp::detail

@@ -1,7 +1,6 @@
 #include "reducer/reducer.h"
 
 #include <algorithm>
-#include <numeric>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -16,11 +15,12 @@
 #include "reducer/bucket_assignment.h"
 #include "reducer/row_major.h"
 #include "reducer/timeline.h"
+#include "sharding/sharded_parameters.h"
 
 namespace ddp::detail {
 
-Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, Communicator& comm,
-                 Config config)
+Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                 const std::vector<std::vector<std::size_t>>& plan, Communicator& comm, Config config)
     : parameters_(std::move(parameters)),
       names_(std::move(names)),
       comm_(comm),
@@ -35,11 +35,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
           names_[i], parameters_[i].device().str(), comm_.device().str()));
     }
   }
-  // Gradients become ready roughly in reverse order of registration: the last
-  // layers first. The first iteration's real order replaces this guess.
-  std::vector<std::size_t> order(parameters_.size());
-  std::iota(order.rbegin(), order.rend(), 0);
-  build_buckets(assign_buckets(parameters_, order, config_.first_bucket_bytes, config_.bucket_bytes));
+  build_buckets(plan);
 }
 
 Reducer::~Reducer() {
@@ -81,37 +77,52 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan) {
     std::int64_t total = 0;
     for (std::size_t index : indices) total += parameters_[index].numel();
     bucket.bytes = static_cast<std::size_t>(total) * parameters_[indices.front()].element_size();
-    for (std::size_t slot = 0; slot < indices.size(); ++slot) location_[indices[slot]] = {buckets.size(), slot};
-    if (!config_.reduce) {  // nothing is ever gathered: the buckets only count readiness
-      buckets.push_back(std::move(bucket));
-      continue;
+    bucket.numel = total;
+    bucket.padded_numel = total;
+    if (config_.sharded) {
+      bucket.padded_numel = config_.sharded->layout(buckets.size()).padded_numel;
+      bucket.shard = config_.sharded->gradient_shard(buckets.size());
     }
-    const at::Tensor& first = parameters_[indices.front()];
-    bucket.buffer = at::zeros({total}, first.options());
-    std::int64_t offset = 0;
-    for (std::size_t slot = 0; slot < indices.size(); ++slot) {
-      const at::Tensor& parameter = parameters_[indices[slot]];
-      // Slices keep the parameter's strides (channels_last stays channels_last),
-      // so accumulating into them needs no layout change. They alias the
-      // bucket's memory without being autograd views, which optimizers may
-      // detach_() (LibTorch 1.x zero_grad does).
-      const std::vector<std::int64_t> strides = parameter.is_non_overlapping_and_dense()
-                                                    ? parameter.strides().vec()
-                                                    : row_major_strides(parameter.sizes());
-      at::Tensor view = at::empty({0}, bucket.buffer.options())
-                            .set_(bucket.buffer.storage(), offset, parameter.sizes(), strides);
-      // Gradients accumulated so far (no_sync, or before a rebuild) move along.
-      at::Tensor& grad = parameters_[indices[slot]].mutable_grad();
-      if (grad.defined()) {
-        view.copy_(grad);
-        if (config_.gradient_as_bucket_view) grad = view;
+    for (std::size_t slot = 0; slot < indices.size(); ++slot) location_[indices[slot]] = {buckets.size(), slot};
+    // Without reduce nothing is ever gathered: the buckets only count readiness.
+    if (config_.reduce && !frees_buckets()) {
+      allocate(bucket);
+      for (std::size_t slot = 0; slot < indices.size(); ++slot) {
+        // Gradients accumulated so far (no_sync, or before a rebuild) move along.
+        at::Tensor& grad = parameters_[indices[slot]].mutable_grad();
+        if (!grad.defined()) continue;
+        bucket.views[slot].copy_(grad);
+        if (config_.gradient_as_bucket_view) grad = bucket.views[slot];
       }
-      bucket.views.push_back(view);
-      offset += parameter.numel();
     }
     buckets.push_back(std::move(bucket));
   }
   buckets_ = std::move(buckets);
+}
+
+bool Reducer::frees_buckets() const { return config_.free_reduced_buckets && comm_.world_size() > 1; }
+
+void Reducer::allocate(Bucket& bucket) const {
+  const at::Tensor& first = parameters_[bucket.parameters.front()];
+  // On one rank this rank's shard is the whole bucket: reducing is a no-op.
+  bucket.buffer = bucket.shard.defined() && comm_.world_size() == 1 ? bucket.shard
+                                                                      : at::zeros({bucket.padded_numel}, first.options());
+  bucket.views.clear();
+  std::int64_t offset = 0;
+  for (std::size_t index : bucket.parameters) {
+    const at::Tensor& parameter = parameters_[index];
+    // Slices keep the parameter's strides (channels_last stays channels_last),
+    // so accumulating into them needs no layout change. They alias the
+    // bucket's memory without being autograd views, which optimizers may
+    // detach_() (LibTorch 1.x zero_grad does).
+    const std::vector<std::int64_t> strides = parameter.is_non_overlapping_and_dense()
+                                                  ? parameter.strides().vec()
+                                                  : row_major_strides(parameter.sizes());
+    bucket.views.push_back(at::empty({0}, bucket.buffer.options())
+                               .set_(bucket.buffer.storage(), bucket.buffer.storage_offset() + offset,
+                                     parameter.sizes(), strides));
+    offset += parameter.numel();
+  }
 }
 
 void Reducer::set_sync(bool sync) {
@@ -131,10 +142,21 @@ std::vector<std::size_t> Reducer::bucket_bytes() const {
   return bytes;
 }
 
+std::int64_t Reducer::allocated_bucket_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::int64_t bytes = 0;
+  for (const auto& bucket : buckets_) {
+    if (bucket.buffer.defined() && !bucket.buffer.is_same(bucket.shard)) {
+      bytes += bucket.buffer.numel() * bucket.buffer.element_size();
+    }
+  }
+  return bytes;
+}
+
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;  // a forward whose backward never ran (evaluation) leaves nothing behind
-  const bool rebuild = config_.reduce && !rebuilt_ && reduced_iterations_ >= 1 &&
+  const bool rebuild = config_.reduce && !config_.sharded && !rebuilt_ && reduced_iterations_ >= 1 &&
                        (!config_.find_unused_parameters || config_.static_graph) &&
                        ready_order_.size() == parameters_.size();
   if (!rebuild) return;
@@ -245,10 +267,11 @@ void Reducer::mark_ready(std::size_t index, bool used) {
   // gets its gradient is reported the same way on one process as on many.
   if (config_.reduce && grad.defined()) {
     // A gradient that is not the bucket's own slice (zero_grad set it to
-    // none, or views are off) is copied in once the whole bucket is ready:
-    // one kernel per bucket instead of one per parameter.
-    if (!grad.is_alias_of(bucket.views[slot])) bucket.to_copy.push_back(slot);
-  } else if (config_.reduce) {
+    // none, views are off, or the bucket is not allocated yet) is copied in
+    // once the whole bucket is ready: one kernel per bucket instead of one
+    // per parameter.
+    if (bucket.views.empty() || !grad.is_alias_of(bucket.views[slot])) bucket.to_copy.push_back(slot);
+  } else if (config_.reduce && !bucket.views.empty()) {  // an unallocated bucket starts as zeros
     c10::NoGradGuard no_grad;
     bucket.views[slot].zero_();  // contributes nothing; the parameter keeps no gradient unless another rank used it
   }
@@ -260,6 +283,7 @@ void Reducer::mark_ready(std::size_t index, bool used) {
 
 void Reducer::gather_into_bucket(Bucket& bucket) {
   c10::NoGradGuard no_grad;
+  if (bucket.views.empty()) allocate(bucket);
   std::sort(bucket.to_copy.begin(), bucket.to_copy.end());  // ready order -> layout order
   bool one_kernel = bucket.to_copy.size() == bucket.parameters.size();
   std::vector<at::Tensor> flat;
@@ -271,7 +295,8 @@ void Reducer::gather_into_bucket(Bucket& bucket) {
     if (one_kernel) flat.push_back(grad.as_strided({grad.numel()}, {1}, grad.storage_offset()));
   }
   if (one_kernel) {
-    at::cat_out(bucket.buffer, flat, 0);
+    at::Tensor gradients = bucket.buffer.narrow(0, 0, bucket.numel);  // the padding stays zero
+    at::cat_out(gradients, flat, 0);
   } else {
     for (std::size_t slot : bucket.to_copy) bucket.views[slot].copy_(parameters_[bucket.parameters[slot]].grad());
   }
@@ -293,7 +318,15 @@ void Reducer::launch_ready_buckets() {
     if (config_.timeline) {
       observer = config_.timeline->observe(comm_, next_bucket_, bucket.buffer.numel() * bucket.buffer.element_size());
     }
-    bucket.finish = config_.comm_hook(observer ? *observer : comm_, GradBucket{next_bucket_, bucket.buffer});
+    bucket.finish =
+        config_.comm_hook(observer ? *observer : comm_, GradBucket{next_bucket_, bucket.buffer, bucket.shard});
+    if (frees_buckets()) {
+      // The reduction holds the memory until it ends (the communicator
+      // protects its tensors); the full gradients are not needed any more.
+      for (std::size_t index : bucket.parameters) parameters_[index].mutable_grad() = at::Tensor();
+      bucket.buffer = at::Tensor();
+      bucket.views.clear();
+    }
     ++next_bucket_;
   }
 }
@@ -325,8 +358,18 @@ void Reducer::finalize_backward() {
     bucket.finish();  // orders the caller's stream after the reduction
     bucket.finish = nullptr;
   }
-  if (config_.reduce && config_.find_unused_parameters) adopt_globally_used_gradients();
-  if (config_.reduce && !config_.gradient_as_bucket_view) {
+  if (config_.sharded) {
+    std::vector<std::uint8_t> used;
+    if (config_.find_unused_parameters) used = globally_used();
+    config_.sharded->attach_gradients(config_.find_unused_parameters ? &used : nullptr);
+    // Each rank keeps its shard of the average; the local full gradients
+    // are spent, and the next backward must not add to them.
+    c10::NoGradGuard no_grad;
+    for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+  } else if (config_.reduce && config_.find_unused_parameters) {
+    adopt_globally_used_gradients(globally_used());
+  }
+  if (config_.reduce && !config_.sharded && !config_.gradient_as_bucket_view) {
     c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       at::Tensor& grad = parameters_[i].mutable_grad();
@@ -337,17 +380,21 @@ void Reducer::finalize_backward() {
   ++reduced_iterations_;
 }
 
-void Reducer::adopt_globally_used_gradients() {
-  // A parameter no rank used keeps no gradient, exactly as in single-process
-  // training, so optimizers skip it; one that some rank used gets the average.
+std::vector<std::uint8_t> Reducer::globally_used() {
   at::Tensor used = at::tensor(std::vector<std::int32_t>(used_.begin(), used_.end()), at::kInt).to(comm_.device());
   comm_.all_reduce(used, ReduceOp::kMax)->wait_stream();
   used = used.cpu();
-  const auto* globally_used = used.data_ptr<std::int32_t>();
+  const auto* flags = used.data_ptr<std::int32_t>();
+  return std::vector<std::uint8_t>(flags, flags + used.numel());
+}
+
+void Reducer::adopt_globally_used_gradients(const std::vector<std::uint8_t>& used) {
+  // A parameter no rank used keeps no gradient, exactly as in single-process
+  // training, so optimizers skip it; one that some rank used gets the average.
   c10::NoGradGuard no_grad;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     at::Tensor& grad = parameters_[i].mutable_grad();
-    if (grad.defined() || globally_used[i] == 0) continue;
+    if (grad.defined() || used[i] == 0) continue;
     const auto [bucket_index, slot] = location_[i];
     const at::Tensor& view = buckets_[bucket_index].views[slot];
     grad = config_.gradient_as_bucket_view ? view : view.clone();

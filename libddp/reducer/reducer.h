@@ -18,6 +18,7 @@
 
 namespace ddp::detail {
 
+class ShardedParameters;
 class Timeline;
 
 /// Averages gradients across ranks while backward runs, as PyTorch's
@@ -28,6 +29,10 @@ class Timeline;
 /// callback orders the caller's stream after every reduction. No host
 /// synchronisation happens in any of it, except with find_unused_parameters,
 /// which needs on the host which parameters some rank used.
+///
+/// In the sharded modes the buckets are `sharded`'s: laid out once, padded to
+/// equal shards, and reduce-scattered into its gradient shards; the full
+/// gradients are then dropped, so the next backward starts from none.
 class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   struct Config {
@@ -42,9 +47,18 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     bool reduce = true;
     CommHook comm_hook;
     std::shared_ptr<Timeline> timeline;  // null: not recorded
+    /// Sharded modes: the parameters' buffers and gradient shards, whose
+    /// bucket plan the reducer takes and never rebuilds (the optimizer holds
+    /// fragments of that layout).
+    std::shared_ptr<ShardedParameters> sharded;
+    /// kGradients: a bucket's memory is allocated when its gradients are all
+    /// ready and released once its reduction is launched.
+    bool free_reduced_buckets = false;
   };
 
-  Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names, Communicator& comm, Config config);
+  /// `plan`: the first buckets, indices into `parameters` (initial_buckets()).
+  Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+          const std::vector<std::vector<std::size_t>>& plan, Communicator& comm, Config config);
   ~Reducer();
 
   /// Registers the autograd hooks; call once, right after construction.
@@ -58,19 +72,29 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void set_sync(bool sync);
   bool sync() const;
   std::vector<std::size_t> bucket_bytes() const;
+  /// Bytes of the bucket buffers allocated now, but for those that are a
+  /// sharded mode's gradient shards themselves (one rank).
+  std::int64_t allocated_bucket_bytes() const;
 
  private:
   struct Bucket {
     std::vector<std::size_t> parameters;  // indices into parameters_
     std::size_t bytes = 0;                // of their gradients
+    std::int64_t numel = 0;               // of their gradients
+    std::int64_t padded_numel = 0;        // of the buffer: the gradients, then zeros up to equal shards
     at::Tensor buffer;                    // flat gradients of those parameters (none without reduce)
-    std::vector<at::Tensor> views;        // one per parameter, shaped and strided like it
+    std::vector<at::Tensor> views;        // one per parameter, shaped and strided like it (none while unallocated)
+    at::Tensor shard;                     // sharded modes: this rank's part of the averaged buffer
     std::size_t pending = 0;              // parameters not ready yet in this backward
     std::vector<std::size_t> to_copy;     // slots whose gradient lives outside the bucket
     std::function<void()> finish;         // what the comm hook left to do
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& plan);
+  /// Gives `bucket` its buffer (zeros) and the views of it.
+  void allocate(Bucket& bucket) const;
+  /// kGradients on several ranks: buckets exist only between their gradients' arrival and their reduction.
+  bool frees_buckets() const;
   void hook(std::size_t index, compat::GradAccumulatorPtr accumulator);
   /// Re-hooks parameters whose gradient accumulator autograd replaced.
   void follow_replaced_accumulators();
@@ -79,7 +103,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void gather_into_bucket(Bucket& bucket);
   void launch_ready_buckets();
   void finalize_backward();
-  void adopt_globally_used_gradients();
+  /// Per parameter, whether any rank used it in this backward (a host sync).
+  std::vector<std::uint8_t> globally_used();
+  void adopt_globally_used_gradients(const std::vector<std::uint8_t>& used);
   std::vector<std::size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
   std::string names_of(const std::vector<std::size_t>& indices) const;
 

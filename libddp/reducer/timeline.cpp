@@ -132,6 +132,9 @@ class ObservingCommunicator final : public Communicator {
   std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) override {
     return observed("all_gather", [&] { return inner_.all_gather(output, input); });
   }
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    return observed("reduce_scatter", [&] { return inner_.reduce_scatter(output, input, op); });
+  }
   void barrier() override { inner_.barrier(); }
 
  private:

@@ -61,6 +61,20 @@ TEST_P(GlooCollectives, AllGather) {
   }));
 }
 
+TEST_P(GlooCollectives, ReduceScatter) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      for (std::int64_t numel : {0, 1, 1000}) {
+        for (auto op : {ddp::ReduceOp::kSum, ddp::ReduceOp::kAvg}) check_reduce_scatter(pg->communicator(), dtype, numel, op);
+      }
+    }
+    check_reduce_scatter(pg->communicator(), at::kLong, 1000, ddp::ReduceOp::kMax);
+    check_reduce_scatter(pg->communicator(), at::kFloat, 1 << 20, ddp::ReduceOp::kAvg);
+    check_all_gather_in_place(pg->communicator(), 1000);
+  }));
+}
+
 TEST_P(GlooCollectives, BarrierManyInFlightAndUsageErrors) {
   expect_all_succeeded(run_ranks(GetParam(), [](int rank) {
     auto pg = init_gloo();

@@ -130,6 +130,28 @@ TEST(LlamaExample, AKilledRunWithAccumulationAndClippingResumesExactly) {
   expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--grad-accum", "2", "--clip-grad-norm", "1.0"}), 8, 5, 3);
 }
 
+// ZeRO-1 and ZeRO-2 train the same model as plain DDP, step for step, with
+// accumulation and clipping by the global norm; each prints its memory report.
+TEST(LlamaExample, ShardedModesTrainAsPlainDdp) {
+  ScratchDir scratch;
+  const auto base = with(kLlama, {"--steps", "6", "--grad-accum", "2", "--clip-grad-norm", "0.5"});
+  std::map<std::string, std::map<int, double>> by_mode;
+  for (const std::string mode : {"none", "optimizer", "gradients"}) {
+    const std::string metrics = scratch.path() + "/" + mode + ".jsonl";
+    const auto result = train(TRAIN_LLAMA, with(base, {"--sharding", mode, "--metrics", metrics}), scratch);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find("memory per rank (sharding " + mode + ", 2 ranks)"), std::string::npos)
+        << result.output;
+    by_mode[mode] = losses(metrics);
+    ASSERT_EQ(by_mode[mode].size(), 6u) << result.output;
+  }
+  for (const std::string mode : {"optimizer", "gradients"}) {
+    for (const auto& [step, loss] : by_mode["none"]) {
+      EXPECT_NEAR(by_mode[mode].at(step), loss, 1e-5 * std::max(1.0, std::abs(loss))) << mode << ", step " << step;
+    }
+  }
+}
+
 TEST(Examples, BadInputIsRefusedByName) {
   ScratchDir scratch;
   struct Case {
@@ -145,6 +167,8 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--precision", "fp16"}, "needs a CUDA device"},
       {TRAIN_LLAMA, {"--steps", "ten"}, "--steps expects an integer"},
       {TRAIN_LLAMA, {"--resume"}, "--resume needs --checkpoint"},
+      {TRAIN_LLAMA, {"--sharding", "zero3"}, "unknown sharding mode 'zero3'; choose none"},
+      {TRAIN_LLAMA, {"--sharding", "gradients", "--checkpoint", checkpoint}, "cannot be combined with --sharding"},
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},

@@ -50,8 +50,12 @@ TEST(NcclCollectives, BroadcastAllGatherBarrier) {
         check_broadcast(comm, dtype, numel, 0);
         check_broadcast(comm, dtype, numel, 1);
         check_all_gather(comm, dtype, numel);
+        check_reduce_scatter(comm, dtype, numel, ddp::ReduceOp::kAvg);
       }
     }
+    check_reduce_scatter(comm, at::kFloat, 1000, ddp::ReduceOp::kSum);
+    check_reduce_scatter(comm, at::kLong, 1000, ddp::ReduceOp::kMax);
+    check_all_gather_in_place(comm, 1 << 20);
     comm.barrier();
     check_many_in_flight(comm);
     check_usage_errors(comm);

@@ -71,6 +71,36 @@ void check_all_gather(Communicator& comm, c10::ScalarType dtype, std::int64_t nu
   require_close(output, at::cat(parts), dtype, "all_gather of " + name_of(dtype, numel));
 }
 
+void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op) {
+  const double rank = comm.rank();
+  const double world = comm.world_size();
+  const auto options = at::TensorOptions().dtype(dtype).device(comm.device());
+  const at::Tensor index = pattern(comm.world_size() * numel);
+  const at::Tensor sum = index * world + world * (world + 1) / 2;
+  const at::Tensor whole = op == ReduceOp::kSum ? sum : op == ReduceOp::kAvg ? sum / world : index + world;
+  const at::Tensor expected = whole.narrow(0, comm.rank() * numel, numel);
+  const std::string what = "reduce_scatter " + to_string(op) + " of " + name_of(dtype, numel);
+
+  at::Tensor input = (index + rank + 1).to(options);
+  at::Tensor output = at::full({numel}, -1.0, options);
+  comm.reduce_scatter(output, input, op)->wait();
+  require_close(output, expected, dtype, what);
+  at::Tensor in_place = (index + rank + 1).to(options);
+  comm.reduce_scatter(in_place.narrow(0, comm.rank() * numel, numel), in_place, op)->wait();
+  require_close(in_place.narrow(0, comm.rank() * numel, numel), expected, dtype, what + " in place");
+}
+
+void check_all_gather_in_place(Communicator& comm, std::int64_t numel) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(comm.device());
+  at::Tensor output = at::full({comm.world_size() * numel}, -1.0, options);
+  at::Tensor mine = output.narrow(0, comm.rank() * numel, numel);
+  mine.copy_(pattern(numel) + 100 * comm.rank());
+  comm.all_gather(output, mine)->wait();
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < comm.world_size(); ++r) parts.push_back(pattern(numel) + 100 * r);
+  require_close(output, at::cat(parts), at::kFloat, "all_gather in place of " + name_of(at::kFloat, numel));
+}
+
 void check_many_in_flight(Communicator& comm) {
   const auto options = at::TensorOptions().dtype(at::kFloat).device(comm.device());
   std::vector<at::Tensor> tensors;
@@ -103,6 +133,12 @@ void check_usage_errors(Communicator& comm) {
   refused([&] { comm.all_reduce(at::ones({4, 3}, options).t()); }, "not contiguous");
   refused([&] { comm.all_reduce(at::ones({4}, options.dtype(at::kLong)), ReduceOp::kAvg); }, "avg needs a floating");
   refused([&] { comm.all_gather(at::ones({3}, options), at::ones({2}, options)); }, "world_size");
+  refused([&] { comm.reduce_scatter(at::ones({2}, options), at::ones({2 * comm.world_size() + 1}, options)); },
+          "world_size");
+  refused([&] {
+    comm.reduce_scatter(at::ones({1}, options.dtype(at::kInt)), at::ones({comm.world_size()}, options.dtype(at::kInt)),
+                        ReduceOp::kAvg);
+  }, "avg needs a floating");
   refused([&] { comm.broadcast(at::ones({2}, options), comm.world_size()); }, "not a rank");
   refused([&] { comm.all_reduce(at::Tensor()); }, "undefined");
   // Refused calls issue nothing: the ranks are still in step.

@@ -19,9 +19,14 @@ namespace ddp::testing {
 void check_all_reduce(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op);
 void check_broadcast(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, int root);
 void check_all_gather(Communicator& comm, c10::ScalarType dtype, std::int64_t numel);
+/// Rank r contributes (i % 17) + r + 1 at element i of world_size x numel;
+/// each rank checks its part of the reduction, into a tensor of its own and in place.
+void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op);
+/// all_gather whose input is this rank's part of the output.
+void check_all_gather_in_place(Communicator& comm, std::int64_t numel);
 /// Several collectives in flight at once, waited for in reverse order.
 void check_many_in_flight(Communicator& comm);
-/// Non-contiguous tensors, avg of integers, a wrong all_gather size and a bad
+/// Non-contiguous tensors, avg of integers, wrong all_gather and reduce_scatter sizes and a bad
 /// root are refused with a UsageError, and the communicator stays usable.
 void check_usage_errors(Communicator& comm);
 

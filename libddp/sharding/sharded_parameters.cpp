@@ -1,0 +1,160 @@
+#include "sharding/sharded_parameters.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <ddp/errors.h>
+
+#include "reducer/row_major.h"
+
+namespace ddp::detail {
+namespace {
+
+/// A tensor of `sizes` and `strides` over `base`'s memory from element
+/// `offset` on. Not an autograd view: optimizers and set_() treat it as a
+/// tensor of its own.
+at::Tensor alias(const at::Tensor& base, std::int64_t offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  return at::empty({0}, base.options()).set_(base.storage(), base.storage_offset() + offset, sizes, strides);
+}
+
+std::vector<std::int64_t> layout_strides(const at::Tensor& parameter) {
+  // The parameter keeps its strides (channels_last stays channels_last), so
+  // its gradient, laid out the same way in the reducer's bucket, matches it
+  // element for element.
+  return parameter.is_non_overlapping_and_dense() ? parameter.strides().vec() : row_major_strides(parameter.sizes());
+}
+
+}  // namespace
+
+ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
+                                     const std::vector<std::vector<std::size_t>>& plan, Communicator& comm)
+    : parameters_(std::move(parameters)), comm_(comm) {
+  c10::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) index_of_[parameters_[i].unsafeGetTensorImpl()] = i;
+  std::vector<Fragment> fragments;
+  for (const auto& indices : plan) {
+    Bucket bucket;
+    bucket.parameters = indices;
+    std::vector<std::int64_t> numels;
+    for (std::size_t index : indices) numels.push_back(parameters_[index].numel());
+    bucket.layout = layout_shards(numels, comm_.world_size());
+    const at::Tensor& first = parameters_[indices.front()];
+    bucket.buffer = at::zeros({bucket.layout.padded_numel}, first.options());
+    bucket.gradient_shard = at::zeros({bucket.layout.shard_numel}, first.options());
+    for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
+    const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
+    for (const auto& part : bucket.layout.fragments(comm_.rank())) {
+      fragments.push_back({indices[part.slot], alias(bucket.buffer, part.begin, {part.length}, {1}),
+                           alias(bucket.gradient_shard, part.begin - shard_begin, {part.length}, {1})});
+    }
+    buckets_.push_back(std::move(bucket));
+  }
+  std::sort(fragments.begin(), fragments.end(),
+            [](const Fragment& a, const Fragment& b) { return a.parameter < b.parameter; });
+  fragments_ = std::move(fragments);
+  for (std::size_t i = 0; i < fragments_.size(); ++i) {
+    fragment_of_[parameters_[fragments_[i].parameter].unsafeGetTensorImpl()] = i;
+  }
+}
+
+bool ShardedParameters::adopted(const Bucket& bucket, std::size_t slot) const {
+  const at::Tensor& parameter = parameters_[bucket.parameters[slot]];
+  return parameter.is_alias_of(bucket.buffer) &&
+         parameter.storage_offset() == bucket.buffer.storage_offset() + bucket.layout.offsets[slot] &&
+         parameter.strides() == c10::IntArrayRef(layout_strides(parameter));
+}
+
+void ShardedParameters::adopt(Bucket& bucket, std::size_t slot) {
+  at::Tensor& parameter = parameters_[bucket.parameters[slot]];
+  const std::vector<std::int64_t> strides = layout_strides(parameter);
+  at::Tensor place = alias(bucket.buffer, bucket.layout.offsets[slot], parameter.sizes(), strides);
+  place.copy_(parameter);
+  parameter.set_(place.storage(), place.storage_offset(), parameter.sizes(), strides);
+}
+
+void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* globally_used) {
+  for (Fragment& fragment : fragments_) {
+    at::Tensor& grad = fragment.value.mutable_grad();
+    // A parameter no rank used is left as one process leaves it: without a
+    // gradient, or with the zeros zero_grad() left (its part of the shard
+    // is zero), so an optimizer skips it or steps it exactly as there.
+    const bool used = globally_used == nullptr || (*globally_used)[fragment.parameter] != 0;
+    if (used || grad.defined()) grad = fragment.gradient;
+  }
+  gather_pending_ = true;
+}
+
+void ShardedParameters::gather() {
+  c10::NoGradGuard no_grad;
+  for (Bucket& bucket : buckets_) {
+    for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
+      if (!adopted(bucket, slot)) adopt(bucket, slot);
+    }
+  }
+  if (!gather_pending_) return;
+  gather_pending_ = false;
+  if (comm_.world_size() == 1) return;
+  // The last buckets hold the first layers: gather them first, for the
+  // forward that follows.
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
+    const std::int64_t shard = bucket->layout.shard_numel;
+    works.push_back(comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard)));
+  }
+  for (auto& work : works) work->wait_stream();
+}
+
+std::vector<at::Tensor> ShardedParameters::local_parameters(const std::vector<at::Tensor>& module_parameters) const {
+  std::vector<at::Tensor> result;
+  for (const at::Tensor& parameter : module_parameters) {
+    const c10::TensorImpl* key = parameter.unsafeGetTensorImpl();
+    if (index_of_.count(key) == 0 && !parameter.requires_grad()) {
+      result.push_back(parameter);  // frozen: replicated, and without a gradient an optimizer skips it
+      continue;
+    }
+    if (index_of_.count(key) == 0) {
+      throw UsageError(fmt::format(
+          "libddp: local_parameters was given a tensor of shape {} that is not a trained parameter of the "
+          "wrapped module; pass the module's own parameters (model.module()->parameters() or a subset)",
+          fmt::join(parameter.sizes(), "x")));
+    }
+    if (auto it = fragment_of_.find(key); it != fragment_of_.end()) result.push_back(fragments_[it->second].value);
+  }
+  return result;
+}
+
+std::int64_t ShardedParameters::buffer_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& bucket : buckets_) bytes += bucket.buffer.numel() * bucket.buffer.element_size();
+  return bytes;
+}
+
+std::int64_t ShardedParameters::gradient_shard_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& bucket : buckets_) bytes += bucket.gradient_shard.numel() * bucket.gradient_shard.element_size();
+  return bytes;
+}
+
+std::int64_t ShardedParameters::trained_elements() const {
+  std::int64_t elements = 0;
+  for (const auto& bucket : buckets_) elements += bucket.layout.numel;
+  return elements;
+}
+
+std::int64_t ShardedParameters::local_elements() const {
+  std::int64_t elements = 0;
+  for (const auto& fragment : fragments_) elements += fragment.value.numel();
+  return elements;
+}
+
+std::int64_t ShardedParameters::padding_elements() const {
+  std::int64_t elements = 0;
+  for (const auto& bucket : buckets_) elements += bucket.layout.padded_numel - bucket.layout.numel;
+  return elements;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,88 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <ddp/communicator.h>
+
+#include "sharding/shard_layout.h"
+
+namespace ddp::detail {
+
+/// The parameters of the sharded modes (ZeRO-1 and ZeRO-2). Each bucket's
+/// parameters become views of one flat, padded buffer, so that an all-gather
+/// fills them all at once. This rank's optimizer steps only its shard of each
+/// buffer, through one fragment per parameter: a flat alias of the part of
+/// the parameter in the shard, whose gradient aliases the bucket's reduced
+/// gradient shard. For an elementwise optimizer (SGD, Adam, AdamW and their
+/// fused kernels) stepping the fragments is stepping the parameters.
+class ShardedParameters {
+ public:
+  /// `plan`: buckets of indices into `parameters`, the reducer's. Copies the
+  /// parameters' values into the buffers and points the parameters there.
+  ShardedParameters(std::vector<at::Tensor> parameters, const std::vector<std::vector<std::size_t>>& plan,
+                    Communicator& comm);
+
+  const ShardLayout& layout(std::size_t bucket) const { return buckets_[bucket].layout; }
+  /// This rank's part of the bucket's averaged gradient (kept between iterations).
+  const at::Tensor& gradient_shard(std::size_t bucket) const { return buckets_[bucket].gradient_shard; }
+
+  /// After a reducing backward: each fragment's gradient is its part of the
+  /// gradient shard, but a parameter no rank used (`globally_used`, by
+  /// parameter index; null: all were) that has no gradient keeps none, as in
+  /// one process. The next gather() then makes the parameters whole.
+  void attach_gradients(const std::vector<std::uint8_t>* globally_used);
+
+  /// Before a forward: takes in parameters whose storage was replaced
+  /// (Module::load), and, if an optimizer may have stepped the shards since
+  /// the last gather, all-gathers every buffer. The current stream waits for
+  /// the gathers on the device; the host does not.
+  void gather();
+
+  /// The fragments of `module_parameters` (trained parameters of the module),
+  /// in their order; parameters with no part on this rank are left out, and
+  /// tensors that require no gradient (frozen parameters) are passed through.
+  /// UsageError for any other tensor that is not one of them.
+  std::vector<at::Tensor> local_parameters(const std::vector<at::Tensor>& module_parameters) const;
+  /// Every fragment, in parameter order.
+  std::vector<at::Tensor> local_parameters() const { return local_parameters(parameters_); }
+
+  std::int64_t buffer_bytes() const;          ///< The flat parameter buffers.
+  std::int64_t gradient_shard_bytes() const;  ///< The gradient shards.
+  std::int64_t trained_elements() const;
+  std::int64_t local_elements() const;        ///< In this rank's fragments.
+  std::int64_t padding_elements() const;
+
+ private:
+  struct Fragment {
+    std::size_t parameter;  ///< Index into parameters_.
+    at::Tensor value;       ///< Aliases the parameter buffer.
+    at::Tensor gradient;    ///< Aliases the gradient shard.
+  };
+  struct Bucket {
+    std::vector<std::size_t> parameters;  ///< Indices into parameters_, in layout order.
+    ShardLayout layout;
+    at::Tensor buffer;          ///< padded_numel elements; the parameters are views of it.
+    at::Tensor gradient_shard;  ///< shard_numel elements.
+  };
+
+  /// Points parameter `slot` of `bucket` at its place in the buffer, first
+  /// copying its value there.
+  void adopt(Bucket& bucket, std::size_t slot);
+  bool adopted(const Bucket& bucket, std::size_t slot) const;
+
+  std::vector<at::Tensor> parameters_;
+  Communicator& comm_;
+  std::vector<Bucket> buckets_;
+  std::vector<Fragment> fragments_;                                         // in parameter order
+  std::unordered_map<const c10::TensorImpl*, std::size_t> fragment_of_;     // parameter -> index into fragments_
+  std::unordered_map<const c10::TensorImpl*, std::size_t> index_of_;       // parameter -> index into parameters_
+  bool gather_pending_ = false;
+};
+
+}  // namespace ddp::detail

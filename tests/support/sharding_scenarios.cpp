@@ -1,0 +1,257 @@
+#include "support/sharding_scenarios.h"
+
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+#include <torch/torch.h>
+
+#include "support/collective_checks.h"
+#include "support/multiprocess.h"
+
+namespace ddp::testing {
+namespace {
+
+constexpr std::int64_t kBatch = 4;  // samples per rank and micro-step
+
+/// A module that owns no parameter of its own but registers another's: the
+/// output layer that reuses an embedding's weight.
+struct TiedImpl : torch::nn::Module {
+  explicit TiedImpl(torch::Tensor shared) { weight = register_parameter("weight", std::move(shared)); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(Tied);
+
+struct NetImpl : torch::nn::Module {
+  NetImpl(ShardedModel kind, int width) {
+    if (kind == ShardedModel::kTied) {
+      embed = register_module("embed", torch::nn::Linear(16, 16));
+      tied = register_module("tied", Tied(embed->weight));
+    }
+    trunk = register_module("trunk", torch::nn::Linear(16, width));
+    head = register_module("head", torch::nn::Linear(width, 4));
+    if (kind == ShardedModel::kBranchy) side = register_module("side", torch::nn::Linear(width, 4));
+    if (kind == ShardedModel::kFrozen) trunk->weight.requires_grad_(false);
+  }
+
+  torch::Tensor forward(torch::Tensor x, bool use_side) {
+    if (embed) x = torch::nn::functional::linear(torch::tanh(embed(x)), tied->weight);
+    x = torch::tanh(trunk(x));
+    torch::Tensor out = head(x);
+    if (use_side && side) out = out + side(x);
+    return out;
+  }
+
+  torch::nn::Linear embed{nullptr}, trunk{nullptr}, head{nullptr}, side{nullptr};
+  Tied tied{nullptr};
+};
+TORCH_MODULE(Net);
+
+Net make_net(const ShardingScenario& scenario, std::uint64_t seed, const c10::Device& device) {
+  torch::manual_seed(seed);
+  Net net(scenario.model, scenario.width);
+  net->to(device);
+  return net;
+}
+
+/// Each parameter once (a tied weight is listed under two names).
+std::vector<torch::Tensor> unique_parameters(torch::nn::Module& module) {
+  std::vector<torch::Tensor> unique;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& parameter : module.parameters()) {
+    if (seen.insert(parameter.unsafeGetTensorImpl()).second) unique.push_back(parameter);
+  }
+  return unique;
+}
+
+/// AdamW with weight decay on matrices only: two groups, chosen on the
+/// module's parameters and mapped through `local` (the identity, or a
+/// sharded model's local_parameters).
+std::unique_ptr<torch::optim::AdamW> make_adamw(
+    torch::nn::Module& module, const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>& local) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& parameter : unique_parameters(module)) (parameter.dim() >= 2 ? decay : no_decay).push_back(parameter);
+  const auto options = torch::optim::AdamWOptions(2e-2).betas({0.9, 0.99});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(local(decay),
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0.1)));
+  groups.emplace_back(local(no_decay),
+                      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+}
+
+struct Batch {
+  torch::Tensor input, target;
+  bool use_side;
+};
+
+Batch make_batch(ShardedModel kind, int step, int micro, int rank, const c10::Device& device) {
+  torch::manual_seed(10000 * step + 100 * micro + rank);
+  Batch batch{torch::randn({kBatch, 16}).to(device), torch::randn({kBatch, 4}).to(device), false};
+  batch.use_side = kind == ShardedModel::kBranchy && (step + rank) % 3 == 0;  // some steps no rank uses it
+  return batch;
+}
+
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+
+double max_difference(torch::nn::Module& got, torch::nn::Module& expected, const std::string& what,
+                      double tolerance) {
+  double worst = 0;
+  const auto reference = expected.named_parameters();
+  for (const auto& item : got.named_parameters()) {
+    const double diff = (item.value() - reference[item.key()]).abs().max().item<double>();
+    require(std::isfinite(diff), what + ": parameter " + item.key() + " is not finite");
+    require(diff <= tolerance, what + ": parameter " + item.key() + " differs by " + std::to_string(diff) +
+                                   " (tolerance " + std::to_string(tolerance) + ")");
+    worst = std::max(worst, diff);
+  }
+  return worst;
+}
+
+}  // namespace
+
+double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario) {
+  const c10::Device device = pg.device();
+  const int world = pg.world_size();
+  auto options = scenario.options;
+  // Each rank starts from different weights: DDP must copy rank 0's.
+  DistributedDataParallel<Net> sharded(make_net(scenario, 100 + pg.rank(), device), borrow(pg),
+                                       DistributedDataParallelOptions(options).sharding(scenario.sharding));
+  DistributedDataParallel<Net> plain(make_net(scenario, 200 + pg.rank(), device), borrow(pg),
+                                     DistributedDataParallelOptions(options).sharding(Sharding::kNone));
+  {
+    torch::NoGradGuard no_grad;  // plain starts from sharded's weights
+    auto source = sharded.module()->named_parameters();
+    for (auto& item : plain.module()->named_parameters()) item.value().copy_(source[item.key()]);
+  }
+  Net reference = make_net(scenario, 100, device);
+  auto sharded_optimizer = make_adamw(*sharded.module(), [&](const auto& p) { return sharded.local_parameters(p); });
+  auto plain_optimizer = make_adamw(*plain.module(), [](const auto& p) { return p; });
+  auto reference_optimizer = make_adamw(*reference, [](const auto& p) { return p; });
+
+  for (int step = 0; step < scenario.steps; ++step) {
+    sharded_optimizer->zero_grad();
+    plain_optimizer->zero_grad();
+    reference_optimizer->zero_grad();
+    for (int micro = 0; micro < scenario.micro_steps; ++micro) {
+      const Batch batch = make_batch(scenario.model, step, micro, pg.rank(), device);
+      for (auto* model : {&sharded, &plain}) {
+        auto run = [&] {
+          (torch::mse_loss((*model)(batch.input, batch.use_side), batch.target) / scenario.micro_steps).backward();
+        };
+        if (micro + 1 < scenario.micro_steps) {
+          auto guard = model->no_sync();
+          run();
+        } else {
+          run();
+        }
+      }
+      for (int r = 0; r < world; ++r) {
+        const Batch other = make_batch(scenario.model, step, micro, r, device);
+        (torch::mse_loss(reference(other.input, other.use_side), other.target) / (scenario.micro_steps * world))
+            .backward();
+      }
+    }
+    if (scenario.clip > 0) {
+      const double sharded_norm = clip_grad_norm_(sharded, scenario.clip).item<double>();
+      const double plain_norm = clip_grad_norm_(plain, scenario.clip).item<double>();
+      const double reference_norm = torch::nn::utils::clip_grad_norm_(unique_parameters(*reference), scenario.clip);
+      require(std::abs(sharded_norm - reference_norm) <= 1e-5 * reference_norm &&
+                  std::abs(plain_norm - reference_norm) <= 1e-5 * reference_norm,
+              "clip_grad_norm_: norms " + std::to_string(sharded_norm) + " (sharded) and " +
+                  std::to_string(plain_norm) + " (plain) against " + std::to_string(reference_norm));
+      require(reference_norm > scenario.clip, "the scenario's clip bound does not clip");
+    }
+    sharded_optimizer->step();
+    plain_optimizer->step();
+    reference_optimizer->step();
+  }
+  sharded.gather_parameters();
+  const std::string mode = to_string(scenario.sharding);
+  const double reference_tolerance = std::max(scenario.tolerance, scenario.reference_tolerance);
+  max_difference(*plain.module(), *reference, "plain DDP against one process", reference_tolerance);
+  max_difference(*sharded.module(), *plain.module(), mode + " against plain DDP", scenario.tolerance);
+  return max_difference(*sharded.module(), *reference, mode + " against one process", reference_tolerance);
+}
+
+void check_memory_report(ProcessGroup& pg) {
+  const int world = pg.world_size();
+  const auto expect = [](bool condition, const std::string& what, const MemoryReport& report) {
+    require(condition, what + ": " + report.to_string());
+  };
+  for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+    ShardingScenario scenario;
+    scenario.width = 301;  // 6k parameters in several buckets
+    DistributedDataParallel<Net> model(
+        make_net(scenario, 1, pg.device()), borrow(pg),
+        DistributedDataParallelOptions().sharding(sharding).bucket_cap_mb(0.004).first_bucket_cap_mb(0.004));
+    auto optimizer = make_adamw(*model.module(), [&](const auto& p) { return model.local_parameters(p); });
+    optimizer->zero_grad();
+    const Batch batch = make_batch(scenario.model, 0, 0, pg.rank(), pg.device());
+    torch::mse_loss(model(batch.input, false), batch.target).backward();
+    optimizer->step();
+
+    const MemoryReport report = model.memory_report(optimizer.get());
+    const std::int64_t total = report.trained_elements;
+    const std::int64_t full_bytes = total * 4;
+    const std::int64_t slack = report.padding_elements;  // a rank's part may be short by at most the padding
+    expect(total == 16 * 301 + 301 + 301 * 4 + 4, "trained elements", report);
+    expect(report.optimizer_state_bytes == 2 * 4 * report.optimizer_elements, "AdamW state: two moments", report);
+    if (sharding == Sharding::kNone) {
+      expect(report.optimizer_elements == total && report.gradient_bytes == full_bytes &&
+                 report.parameter_bytes == full_bytes && report.padding_elements == 0,
+             "no sharding: everything whole", report);
+      continue;
+    }
+    const auto buckets = static_cast<std::int64_t>(model.bucket_count());
+    expect(buckets >= 2, "several buckets (" + std::to_string(buckets) + ")", report);
+    expect(report.padding_elements > 0 && report.padding_elements < buckets * world * 64, "padding", report);
+    expect(report.optimizer_elements <= (total + slack) / world && report.optimizer_elements >= total / world - slack,
+           "optimizer elements at 1/N", report);
+    const std::int64_t shard_bytes = (total + report.padding_elements) / world * 4;
+    expect(report.parameter_bytes == full_bytes + report.padding_elements * 4, "parameters whole", report);
+    if (sharding == Sharding::kGradients) {
+      expect(report.gradient_bytes == (world == 1 ? full_bytes + report.padding_elements * 4 : shard_bytes),
+             "gradients at 1/N", report);
+    } else {
+      expect(report.gradient_bytes == (world == 1 ? shard_bytes : shard_bytes + full_bytes + report.padding_elements * 4),
+             "full gradient buckets and a shard", report);
+    }
+  }
+}
+
+void check_grad_scaler_agrees(ProcessGroup& pg, Sharding sharding) {
+  ShardingScenario scenario;
+  DistributedDataParallel<Net> model(make_net(scenario, 1, pg.device()), borrow(pg),
+                                     DistributedDataParallelOptions().sharding(sharding));
+  auto optimizer = make_adamw(*model.module(), [&](const auto& p) { return model.local_parameters(p); });
+  GradScaler scaler(GradScalerOptions().init_scale(256), borrow(pg));
+  for (int step = 0; step < 3; ++step) {
+    optimizer->zero_grad();
+    const Batch batch = make_batch(scenario.model, step, 0, pg.rank(), pg.device());
+    scaler.scale(torch::mse_loss(model(batch.input, false), batch.target)).backward();
+    const bool poison = step == 1 && pg.rank() == 0;  // an inf in rank 0's shard only
+    if (poison) {
+      torch::NoGradGuard no_grad;
+      model.parameters().front().grad()[0] = std::numeric_limits<float>::infinity();
+    }
+    const auto before = model.module()->head->weight.clone();
+    const bool stepped = scaler.step(*optimizer);
+    scaler.update();
+    require(stepped == (step != 1), "step " + std::to_string(step) + ": stepped " + std::to_string(stepped) +
+                                        " on rank " + std::to_string(pg.rank()));
+    model.gather_parameters();
+    if (!stepped) require(torch::equal(before, model.module()->head->weight), "a skipped step changed the weights");
+  }
+  require(scaler.get_scale() == 128, "the scale backed off once: " + std::to_string(scaler.get_scale()));
+  // Every rank holds the same weights.
+  at::Tensor weights = torch::cat({model.module()->trunk->weight.flatten(), model.module()->head->weight.flatten()});
+  at::Tensor all = torch::empty({pg.world_size() * weights.numel()}, weights.options());
+  pg.communicator().all_gather(all, weights)->wait();
+  for (int r = 1; r < pg.world_size(); ++r) {
+    require(torch::equal(all.narrow(0, 0, weights.numel()), all.narrow(0, r * weights.numel(), weights.numel())),
+            "rank " + std::to_string(r) + " holds other weights than rank 0");
+  }
+}
+
+}  // namespace ddp::testing

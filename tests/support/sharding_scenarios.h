@@ -1,0 +1,45 @@
+#pragma once
+
+// Sharded data parallelism (ZeRO-1/2) against plain DDP and one process, on
+// any backend. Each rank trains three models side by side on the same
+// batches with AdamW: DDP in the scenario's sharding mode, plain DDP, and a
+// single-process reference that accumulates the gradients of every rank's
+// batches. After K steps all three must agree. Each throws std::runtime_error.
+
+#include <ddp/ddp.h>
+
+namespace ddp::testing {
+
+enum class ShardedModel {
+  kMlp,      ///< two linear layers
+  kBranchy,  ///< a head that some ranks skip on some steps (find_unused_parameters)
+  kTied,     ///< one weight registered in two modules and used twice
+  kFrozen,   ///< the first layer's weight does not require a gradient
+};
+
+struct ShardingScenario {
+  ShardedModel model = ShardedModel::kMlp;
+  Sharding sharding = Sharding::kOptimizer;
+  DistributedDataParallelOptions options;  ///< Its sharding is set from `sharding`.
+  int width = 33;             ///< Hidden width: 33 makes element counts divisible by no world size.
+  int steps = 3;
+  int micro_steps = 1;        ///< > 1: the first micro_steps - 1 backward passes run under no_sync()
+  double clip = 0;            ///< > 0: clip_grad_norm_ to this before each step
+  double tolerance = 1e-6;    ///< max abs difference of any parameter
+  /// Against the one process, where DDP's reduction itself rounds (bf16
+  /// hooks); no lower than `tolerance`.
+  double reference_tolerance = 0;
+};
+
+/// Returns the largest difference to the reference; throws if over the tolerance.
+double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario);
+
+/// memory_report() of each mode: the optimizer's elements and state, and in
+/// kGradients the gradients, are 1/N of the model's (padding aside).
+void check_memory_report(ProcessGroup& pg);
+
+/// A GradScaler over sharded gradients: an inf in one rank's shard makes
+/// every rank skip the step, and the ranks stay equal.
+void check_grad_scaler_agrees(ProcessGroup& pg, Sharding sharding);
+
+}  // namespace ddp::testing
