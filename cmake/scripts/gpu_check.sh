@@ -4,8 +4,10 @@
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
 # STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes
-#   fp8_throughput fused_kernels examples scaling profile
+#   fp8_throughput fused_kernels sharding examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
+# SHARDING_PRESETS (default tinyllama-1.1b), SHARDING_PRECISIONS (default bf16 fp8) and SHARDING_ROUNDS
+# (default 2) the sharding step's;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [STEP...]}
@@ -83,6 +85,29 @@ fused_kernels() {
   return $rc
 }
 step fused_kernels fused_kernels
+# LLaMA on one GPU in each sharding mode, alternating for SHARDING_ROUNDS rounds, so
+# that each mode's cost against plain DDP comes from one machine and minute; then
+# a short ZeRO-2 training run of the small decoder on every GPU (the loss must fall).
+sharding() {
+  local preset precision round mode rc=0
+  : > "$out/sharding-throughput.jsonl"
+  for preset in ${SHARDING_PRESETS:-tinyllama-1.1b}; do
+    for precision in ${SHARDING_PRECISIONS:-bf16 fp8}; do
+      for ((round = 0; round < ${SHARDING_ROUNDS:-2}; ++round)); do
+        for mode in none optimizer gradients; do
+          # shellcheck disable=SC2086
+          build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench \
+            --model llama --preset $preset $([[ $preset == llama2-7b ]] && echo --batch 1) --precision $precision \
+            --sharding $mode --json "$out/sharding-throughput.jsonl" || rc=1
+        done
+      done
+    done
+  done
+  build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/llama/train_llama --preset tiny \
+    --sharding gradients --steps 100 --log-every 20 --eval-batches 2 --metrics "$out/sharding-train-tiny.jsonl" || rc=1
+  return $rc
+}
+step sharding sharding
 # The examples on every GPU in each precision they support, a short run each.
 run_examples() {
   local run="build/gpu/libddp/ddprun --nproc-per-node ${EXAMPLE_GPUS:-gpu} --standalone" p

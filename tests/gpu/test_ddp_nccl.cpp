@@ -12,6 +12,7 @@
 #include <ddp/ddp.h>
 
 #include "support/ddp_scenarios.h"
+#include "support/sharding_scenarios.h"
 #include "support/multiprocess.h"
 
 namespace {
@@ -32,6 +33,36 @@ TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
     check_matches_single_process(*pg, conv);
     conv.channels_last = true;
     check_matches_single_process(*pg, conv);
+  }));
+}
+
+// ZeRO-1 and ZeRO-2 over NCCL's reduce-scatter and in-place all-gather, with
+// the fused AdamW kernel on the shards: the Gloo suite's equivalences.
+TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_nccl();
+    for (ddp::Sharding sharding : {ddp::Sharding::kOptimizer, ddp::Sharding::kGradients}) {
+      ShardingScenario scenario;
+      scenario.sharding = sharding;
+      scenario.fused_optimizer = true;
+      check_sharded_matches(*pg, scenario);
+      scenario.options.bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005);
+      check_sharded_matches(*pg, scenario);
+      scenario.model = ShardedModel::kBranchy;
+      scenario.options.find_unused_parameters(true);
+      scenario.micro_steps = 2;
+      scenario.clip = 0.05;
+      check_sharded_matches(*pg, scenario);
+      scenario.model = ShardedModel::kTied;
+      scenario.options.find_unused_parameters(false);
+      check_sharded_matches(*pg, scenario);
+      scenario.options.comm_hook(ddp::comm_hooks::average_in(torch::kBFloat16));
+      scenario.tolerance = 1e-3;
+      scenario.reference_tolerance = 0.1;
+      check_sharded_matches(*pg, scenario);
+    }
+    check_memory_report(*pg);
+    check_grad_scaler_agrees(*pg, ddp::Sharding::kGradients);
   }));
 }
 

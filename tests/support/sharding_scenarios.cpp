@@ -68,7 +68,8 @@ std::vector<torch::Tensor> unique_parameters(torch::nn::Module& module) {
 /// module's parameters and mapped through `local` (the identity, or a
 /// sharded model's local_parameters).
 std::unique_ptr<torch::optim::AdamW> make_adamw(
-    torch::nn::Module& module, const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>& local) {
+    torch::nn::Module& module, const std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>& local,
+    bool fused = false) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& parameter : unique_parameters(module)) (parameter.dim() >= 2 ? decay : no_decay).push_back(parameter);
   const auto options = torch::optim::AdamWOptions(2e-2).betas({0.9, 0.99});
@@ -77,6 +78,7 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(
                       std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0.1)));
   groups.emplace_back(local(no_decay),
                       std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(options).weight_decay(0)));
+  if (fused) return std::make_unique<optim::FusedAdamW>(std::move(groups), options);
   return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
 }
 
@@ -125,9 +127,11 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
     for (auto& item : plain.module()->named_parameters()) item.value().copy_(source[item.key()]);
   }
   Net reference = make_net(scenario, 100, device);
-  auto sharded_optimizer = make_adamw(*sharded.module(), [&](const auto& p) { return sharded.local_parameters(p); });
-  auto plain_optimizer = make_adamw(*plain.module(), [](const auto& p) { return p; });
-  auto reference_optimizer = make_adamw(*reference, [](const auto& p) { return p; });
+  const bool fused = scenario.fused_optimizer;
+  auto sharded_optimizer =
+      make_adamw(*sharded.module(), [&](const auto& p) { return sharded.local_parameters(p); }, fused);
+  auto plain_optimizer = make_adamw(*plain.module(), [](const auto& p) { return p; }, fused);
+  auto reference_optimizer = make_adamw(*reference, [](const auto& p) { return p; }, fused);
 
   for (int step = 0; step < scenario.steps; ++step) {
     sharded_optimizer->zero_grad();

@@ -25,6 +25,8 @@ struct ShardingScenario {
   int steps = 3;
   int micro_steps = 1;        ///< > 1: the first micro_steps - 1 backward passes run under no_sync()
   double clip = 0;            ///< > 0: clip_grad_norm_ to this before each step
+  /// ddp::optim::FusedAdamW for all three (its fused kernel on CUDA) instead of torch::optim::AdamW.
+  bool fused_optimizer = false;
   double tolerance = 1e-6;    ///< max abs difference of any parameter
   /// Against the one process, where DDP's reduction itself rounds (bf16
   /// hooks); no lower than `tolerance`.
