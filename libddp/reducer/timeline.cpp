@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -77,9 +78,15 @@ struct Timeline::Impl {
   void resolve(bool wait) {
     while (!pending.empty() && pending.front().closed) {
       Iteration& it = pending.front();
-      const Marker& last = it.collectives.empty() ? it.compute_end : it.collectives.back().done;
-      if (wait) last.event->synchronize();
-      if (!last.reached()) break;
+      // The end of backward and the last collective's end (the observer
+      // stream runs them in order) may come either way round: a reduction
+      // with nothing to do (one rank) ends before the compute does.
+      std::vector<const Marker*> ends{&it.compute_end};
+      if (!it.collectives.empty()) ends.push_back(&it.collectives.back().done);
+      if (wait) {
+        for (const Marker* end : ends) end->event->synchronize();
+      }
+      if (!std::all_of(ends.begin(), ends.end(), [](const Marker* end) { return end->reached(); })) break;
       IterationTiming timing;
       timing.backward_ms = it.compute_end.ms_since(it.start);
       double previous_end = 0;

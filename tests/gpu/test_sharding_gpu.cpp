@@ -35,4 +35,22 @@ TEST(ShardingCuda, EveryModeTrainsAsPlainDdpOnOneGpu) {
   }));
 }
 
+// On one rank a reduce-scatter has nothing to do and its end on the
+// timeline comes before the end of backward's compute: the timings must wait
+// for both (they once read the compute's event before it completed).
+TEST(ShardingCuda, TimelineOfNoOpReductionsResolves) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
+    torch::nn::Sequential net(torch::nn::Linear(1024, 1024), torch::nn::Tanh(), torch::nn::Linear(1024, 1024));
+    net->to(pg->device());
+    ddp::DistributedDataParallel<torch::nn::Sequential> model(
+        net, pg, ddp::DistributedDataParallelOptions().sharding(ddp::Sharding::kGradients).record_timeline(true));
+    const auto input = torch::randn({4096, 1024}, torch::TensorOptions().device(pg->device()));
+    for (int step = 0; step < 3; ++step) model(input).square().mean().backward();
+    const auto timings = model.timings();
+    require(timings.size() == 3, "expected 3 timed backward passes, got " + std::to_string(timings.size()));
+    for (const auto& timing : timings) require(timing.backward_ms > 0, "a backward took no time");
+  }));
+}
+
 }  // namespace
