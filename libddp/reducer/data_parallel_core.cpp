@@ -110,10 +110,11 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   }
   const auto plan = initial_buckets(trained, config.first_bucket_bytes, config.bucket_bytes);
   if (options.sharding() != Sharding::kNone) {
-    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm);
+    // On one rank with the averaging hook there is nothing to reduce: the
+    // shard is the whole gradient, which then stays where autograd put it.
+    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce);
     config.sharded = sharded_;
     config.free_reduced_buckets = options.sharding() == Sharding::kGradients;
-    config.reduce = true;  // the shards are filled even on one rank
   }
   trained_ = trained;
   reducer_ = std::make_shared<Reducer>(std::move(trained), std::move(names), plan, comm, std::move(config));
@@ -171,6 +172,9 @@ MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* opti
   if (sharded_) {
     report.parameter_bytes += sharded_->buffer_bytes();
     report.gradient_bytes = sharded_->gradient_shard_bytes() + reducer_->allocated_bucket_bytes();
+    if (!sharded_->has_gradient_shards()) {
+      for (const at::Tensor& parameter : trained_) report.gradient_bytes += bytes_of(parameter);  // the module's own
+    }
     report.optimizer_elements = sharded_->local_elements();
     report.padding_elements = sharded_->padding_elements();
   } else {

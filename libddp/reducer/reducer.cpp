@@ -362,10 +362,13 @@ void Reducer::finalize_backward() {
     std::vector<std::uint8_t> used;
     if (config_.find_unused_parameters) used = globally_used();
     config_.sharded->attach_gradients(config_.find_unused_parameters ? &used : nullptr);
-    // Each rank keeps its shard of the average; the local full gradients
-    // are spent, and the next backward must not add to them.
-    c10::NoGradGuard no_grad;
-    for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+    if (config_.reduce) {
+      // Each rank keeps its shard of the average; the local full gradients
+      // are spent, and the next backward must not add to them. (Unreduced,
+      // they are what the fragments' gradients alias until the next forward.)
+      c10::NoGradGuard no_grad;
+      for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+    }
   } else if (config_.reduce && config_.find_unused_parameters) {
     adopt_globally_used_gradients(globally_used());
   }

@@ -31,8 +31,9 @@ std::vector<std::int64_t> layout_strides(const at::Tensor& parameter) {
 }  // namespace
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
-                                     const std::vector<std::vector<std::size_t>>& plan, Communicator& comm)
-    : parameters_(std::move(parameters)), comm_(comm) {
+                                     const std::vector<std::vector<std::size_t>>& plan, Communicator& comm,
+                                     bool gradient_shards)
+    : parameters_(std::move(parameters)), comm_(comm), gradient_shards_(gradient_shards) {
   c10::NoGradGuard no_grad;
   for (std::size_t i = 0; i < parameters_.size(); ++i) index_of_[parameters_[i].unsafeGetTensorImpl()] = i;
   std::vector<Fragment> fragments;
@@ -44,12 +45,15 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
     bucket.layout = layout_shards(numels, comm_.world_size());
     const at::Tensor& first = parameters_[indices.front()];
     bucket.buffer = at::zeros({bucket.layout.padded_numel}, first.options());
-    bucket.gradient_shard = at::zeros({bucket.layout.shard_numel}, first.options());
+    if (gradient_shards_) bucket.gradient_shard = at::zeros({bucket.layout.shard_numel}, first.options());
     for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
     for (const auto& part : bucket.layout.fragments(comm_.rank())) {
-      fragments.push_back({indices[part.slot], alias(bucket.buffer, part.begin, {part.length}, {1}),
-                           alias(bucket.gradient_shard, part.begin - shard_begin, {part.length}, {1})});
+      Fragment fragment{indices[part.slot], alias(bucket.buffer, part.begin, {part.length}, {1}), at::Tensor()};
+      if (gradient_shards_) {
+        fragment.gradient = alias(bucket.gradient_shard, part.begin - shard_begin, {part.length}, {1});
+      }
+      fragments.push_back(std::move(fragment));
     }
     buckets_.push_back(std::move(bucket));
   }
@@ -76,14 +80,33 @@ void ShardedParameters::adopt(Bucket& bucket, std::size_t slot) {
   parameter.set_(place.storage(), place.storage_offset(), parameter.sizes(), strides);
 }
 
+at::Tensor ShardedParameters::parameter_gradient(std::size_t index) const {
+  const at::Tensor& parameter = parameters_[index];
+  const at::Tensor& grad = parameter.grad();
+  if (!grad.defined()) return grad;
+  // The fragment walks the parameter's memory in order, and its gradient must
+  // walk the gradient's in the same order: autograd lays a gradient out as
+  // its (dense) parameter, so only a gradient set by hand can differ.
+  if (grad.strides() != parameter.strides() || !grad.is_non_overlapping_and_dense()) {
+    throw UsageError(fmt::format(
+        "libddp: a sharded parameter of shape [{}] has a gradient with strides [{}] where the parameter has [{}]; "
+        "leave gradients to autograd, or give them the parameter's layout (at::empty_like(parameter))",
+        fmt::join(parameter.sizes(), ", "), fmt::join(grad.strides(), ", "), fmt::join(parameter.strides(), ", ")));
+  }
+  return alias(grad, 0, {grad.numel()}, {1});
+}
+
 void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* globally_used) {
+  c10::NoGradGuard no_grad;
   for (Fragment& fragment : fragments_) {
     at::Tensor& grad = fragment.value.mutable_grad();
-    // A parameter no rank used is left as one process leaves it: without a
-    // gradient, or with the zeros zero_grad() left (its part of the shard
-    // is zero), so an optimizer skips it or steps it exactly as there.
     const bool used = globally_used == nullptr || (*globally_used)[fragment.parameter] != 0;
-    if (used || grad.defined()) grad = fragment.gradient;
+    at::Tensor source = gradient_shards_ ? fragment.gradient : parameter_gradient(fragment.parameter);
+    if (used && source.defined()) {
+      grad = source;
+    } else if (grad.defined()) {
+      grad.zero_();  // what zero_grad() left, as one process keeps it for an unused parameter
+    }
   }
   gather_pending_ = true;
 }
@@ -97,6 +120,9 @@ void ShardedParameters::gather() {
   }
   if (!gather_pending_) return;
   gather_pending_ = false;
+  if (!gradient_shards_) {
+    for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+  }
   if (comm_.world_size() == 1) return;
   // The last buckets hold the first layers: gather them first, for the
   // forward that follows.
@@ -135,7 +161,9 @@ std::int64_t ShardedParameters::buffer_bytes() const {
 
 std::int64_t ShardedParameters::gradient_shard_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& bucket : buckets_) bytes += bucket.gradient_shard.numel() * bucket.gradient_shard.element_size();
+  for (const auto& bucket : buckets_) {
+    if (bucket.gradient_shard.defined()) bytes += bucket.gradient_shard.numel() * bucket.gradient_shard.element_size();
+  }
   return bytes;
 }
 

@@ -25,23 +25,31 @@ class ShardedParameters {
  public:
   /// `plan`: buckets of indices into `parameters`, the reducer's. Copies the
   /// parameters' values into the buffers and points the parameters there.
+  /// `gradient_shards`: whether the reducer reduces into gradient shards; if
+  /// not (one rank, nothing to average), the fragments' gradients alias the
+  /// parameters' own, as plain DDP leaves them on one rank.
   ShardedParameters(std::vector<at::Tensor> parameters, const std::vector<std::vector<std::size_t>>& plan,
-                    Communicator& comm);
+                    Communicator& comm, bool gradient_shards);
 
   const ShardLayout& layout(std::size_t bucket) const { return buckets_[bucket].layout; }
-  /// This rank's part of the bucket's averaged gradient (kept between iterations).
+  /// This rank's part of the bucket's averaged gradient (kept between
+  /// iterations); undefined without gradient shards.
   const at::Tensor& gradient_shard(std::size_t bucket) const { return buckets_[bucket].gradient_shard; }
+  bool has_gradient_shards() const { return gradient_shards_; }
 
-  /// After a reducing backward: each fragment's gradient is its part of the
-  /// gradient shard, but a parameter no rank used (`globally_used`, by
-  /// parameter index; null: all were) that has no gradient keeps none, as in
-  /// one process. The next gather() then makes the parameters whole.
+  /// After a synchronised backward: each fragment's gradient is its part of
+  /// the gradient shard (or of the parameter's gradient), but a parameter no
+  /// rank used (`globally_used`, by parameter index; null: all were) is left
+  /// as one process leaves it: without a gradient, or with zeros where
+  /// zero_grad() left zeros. The next gather() makes the parameters whole.
   void attach_gradients(const std::vector<std::uint8_t>* globally_used);
 
   /// Before a forward: takes in parameters whose storage was replaced
   /// (Module::load), and, if an optimizer may have stepped the shards since
-  /// the last gather, all-gathers every buffer. The current stream waits for
-  /// the gathers on the device; the host does not.
+  /// the last synchronised backward, all-gathers every buffer (the current
+  /// stream waits for the gathers on the device; the host does not). Without
+  /// gradient shards it drops the parameters' gradients then instead: the
+  /// step has consumed them, and the next backward must not add to them.
   void gather();
 
   /// The fragments of `module_parameters` (trained parameters of the module),
@@ -53,7 +61,7 @@ class ShardedParameters {
   std::vector<at::Tensor> local_parameters() const { return local_parameters(parameters_); }
 
   std::int64_t buffer_bytes() const;          ///< The flat parameter buffers.
-  std::int64_t gradient_shard_bytes() const;  ///< The gradient shards.
+  std::int64_t gradient_shard_bytes() const;  ///< The gradient shards (0 without).
   std::int64_t trained_elements() const;
   std::int64_t local_elements() const;        ///< In this rank's fragments.
   std::int64_t padding_elements() const;
@@ -75,6 +83,9 @@ class ShardedParameters {
   /// copying its value there.
   void adopt(Bucket& bucket, std::size_t slot);
   bool adopted(const Bucket& bucket, std::size_t slot) const;
+  /// A flat alias of parameter `index`'s gradient, in the parameter's memory
+  /// order; undefined if it has none.
+  at::Tensor parameter_gradient(std::size_t index) const;
 
   std::vector<at::Tensor> parameters_;
   Communicator& comm_;
@@ -82,6 +93,7 @@ class ShardedParameters {
   std::vector<Fragment> fragments_;                                         // in parameter order
   std::unordered_map<const c10::TensorImpl*, std::size_t> fragment_of_;     // parameter -> index into fragments_
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of_;       // parameter -> index into parameters_
+  const bool gradient_shards_;
   bool gather_pending_ = false;
 };
 

@@ -154,6 +154,38 @@ TEST(ShardingGlooOneRank, EveryModeTrainsAsTheModuleAlone) {
   }));
 }
 
+// A channels_last weight keeps its layout in the flat buffer, and on one
+// rank its fragment's gradient is the weight's own (autograd lays it out as
+// the weight even where the convolution's input is contiguous).
+TEST(ShardingGlooOneRank, ChannelsLastWeightStepsAsInOneProcess) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = init_gloo();
+    auto make = [] {
+      torch::manual_seed(3);
+      torch::nn::Conv2d conv(torch::nn::Conv2dOptions(3, 4, 3));
+      conv->weight.set_data(conv->weight.data().contiguous(at::MemoryFormat::ChannelsLast));
+      return conv;
+    };
+    torch::nn::Conv2d reference = make();
+    auto model = ddp::DistributedDataParallel<torch::nn::Conv2d>(
+        make(), pg, ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients));
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.5));
+    torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.5));
+    const auto input = torch::randn({2, 3, 5, 5});
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      reference_optimizer.zero_grad();
+      model(input).pow(2).sum().backward();
+      reference(input).pow(2).sum().backward();
+      optimizer.step();
+      reference_optimizer.step();
+    }
+    model.gather_parameters();
+    require(torch::allclose(model.module()->weight, reference->weight, 0, 1e-6),
+            "the channels_last weight was stepped with its gradient in another element order");
+  }));
+}
+
 TEST(ShardingGlooOneRank, LocalParametersRefusesATensorOfNoTrainedParameter) {
   expect_all_succeeded(run_ranks(1, [](int) {
     auto pg = init_gloo();

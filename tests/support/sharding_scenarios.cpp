@@ -214,11 +214,12 @@ void check_memory_report(ProcessGroup& pg) {
            "optimizer elements at 1/N", report);
     const std::int64_t shard_bytes = (total + report.padding_elements) / world * 4;
     expect(report.parameter_bytes == full_bytes + report.padding_elements * 4, "parameters whole", report);
-    if (sharding == Sharding::kGradients) {
-      expect(report.gradient_bytes == (world == 1 ? full_bytes + report.padding_elements * 4 : shard_bytes),
-             "gradients at 1/N", report);
+    if (world == 1) {
+      expect(report.gradient_bytes == full_bytes, "one rank: the module's own gradients, as plain DDP", report);
+    } else if (sharding == Sharding::kGradients) {
+      expect(report.gradient_bytes == shard_bytes, "gradients at 1/N", report);
     } else {
-      expect(report.gradient_bytes == (world == 1 ? shard_bytes : shard_bytes + full_bytes + report.padding_elements * 4),
+      expect(report.gradient_bytes == shard_bytes + full_bytes + report.padding_elements * 4,
              "full gradient buckets and a shard", report);
     }
   }
