@@ -69,7 +69,8 @@ void Trainer::save(const TrainingCallbacks& callbacks, std::int64_t step) {
   state.step = step;
   state.data_position = callbacks.data_position();
   state.fingerprint = options_.fingerprint;
-  save_training_checkpoint(*process_group_, options_.checkpoint, model_, optimizer_, scaler_, state);
+  save_training_checkpoint(*process_group_, options_.checkpoint, model_, callbacks.optimizer_checkpointing, scaler_,
+                           state);
 }
 
 double Trainer::run(const TrainingCallbacks& callbacks) {
@@ -82,7 +83,8 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
     TrainingState state;
     state.fingerprint = options_.fingerprint;
-    load_training_checkpoint(*process_group_, options_.checkpoint, model_, optimizer_, scaler_, state);
+    load_training_checkpoint(*process_group_, options_.checkpoint, model_, callbacks.optimizer_checkpointing, scaler_,
+                             state);
     callbacks.seek_data(state.data_position);
     step = state.step;
     progress.note(fmt::format("resumed from {} at step {}", options_.checkpoint, step));

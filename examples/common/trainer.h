@@ -20,6 +20,7 @@
 #include <ddp/process_group.h>
 
 #include "flags.h"
+#include "training_checkpoint.h"
 
 namespace examples {
 
@@ -60,6 +61,8 @@ struct TrainingCallbacks {
   /// Clips the gradients the optimizer steps to a norm over the whole model
   /// (ddp::clip_grad_norm_: with sharding each rank holds only part of them).
   std::function<void(double max_norm)> clip_grad_norm;
+  /// The optimizer's state in checkpoints (optimizer_checkpointing()).
+  OptimizerCheckpointing optimizer_checkpointing;
   /// Optional: evaluates the model and returns a line to print (rank 0) and
   /// a JSON object body for the metrics log.
   std::function<std::pair<std::string, std::string>()> evaluate;

@@ -102,11 +102,6 @@ int main(int argc, char** argv) try {
   } catch (const ddp::UsageError& e) {
     flags.fail(e.what());
   }
-  if (sharding != ddp::Sharding::kNone && !flags.str("checkpoint").empty()) {
-    flags.fail("--checkpoint cannot be combined with --sharding " + flags.str("sharding") +
-               " yet: checkpoints of sharded optimizer state are not implemented; train with --sharding none to "
-               "save checkpoints");
-  }
   ddp::Float8Scaling float8_scaling{};
   try {
     float8_scaling = llama::float8_scaling_named(flags.str("fp8-scaling"));
@@ -189,6 +184,7 @@ int main(int argc, char** argv) try {
     return loss.detach();
   };
   callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
+  callbacks.optimizer_checkpointing = examples::optimizer_checkpointing(ddp_model, *optimizer);
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };
   callbacks.seek_data = [&](const std::vector<std::int64_t>& position) { train_data->seek(position.at(0)); };
   const std::int64_t eval_batches = flags.integer("eval-batches");

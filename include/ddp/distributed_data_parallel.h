@@ -17,6 +17,10 @@
 namespace torch::optim {
 class Optimizer;
 }  // namespace torch::optim
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
 
 namespace ddp {
 
@@ -87,12 +91,15 @@ class DataParallelCore {
   void gather_parameters();
   MemoryReport memory_report(const torch::optim::Optimizer* optimizer) const;
   at::Tensor clip_grad_norm_(double max_norm, double norm_type);
+  void save_optimizer_state(const torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive);
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> trained_;  // each trained parameter once (tied ones are one)
+  std::vector<std::string> trained_names_;
   std::shared_ptr<ShardedParameters> sharded_;  // null: Sharding::kNone
   std::unique_ptr<BufferSync> buffer_sync_;  // null: no buffers
   std::shared_ptr<Timeline> timeline_;
@@ -246,6 +253,26 @@ class DistributedDataParallel {
   /// optimizer that steps parameters(), its state.
   MemoryReport memory_report(const torch::optim::Optimizer* optimizer = nullptr) const {
     return core_->memory_report(optimizer);
+  }
+
+  /// Writes into `archive` the state of `optimizer` (built over
+  /// parameters()) for the whole model, as one process holds it: per trained
+  /// parameter, by name, its step and its state tensors in the parameter's
+  /// shape. With sharding, every rank's part is gathered, one bucket at a
+  /// time, so no device holds the whole state. The same in every mode, so a
+  /// checkpoint loads in any sharding mode and at any world size. Collective;
+  /// the archive is filled on rank 0, which saves it
+  /// (checkpoint::save_on_rank0). SGD, Adam and AdamW (and the fused ones).
+  void save_optimizer_state(const torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive) {
+    core_->save_optimizer_state(optimizer, archive);
+  }
+  /// Loads what save_optimizer_state() wrote, in any mode and at any world
+  /// size, into `optimizer` (built over parameters()): each rank takes the
+  /// part it steps. UsageError naming the mismatch for another model's or
+  /// optimizer's state. Load the module's parameters as usual (Module::load):
+  /// the next forward takes them in.
+  void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
+    core_->load_optimizer_state(optimizer, archive);
   }
 
  private:

@@ -16,6 +16,7 @@
 
 #include <ddp/errors.h>
 
+#include "checkpoint/optimizer_state.h"
 #include "reducer/bucket_assignment.h"
 #include "reducer/buffer_sync.h"
 #include "reducer/model_agreement.h"
@@ -117,6 +118,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
     config.free_reduced_buckets = options.sharding() == Sharding::kGradients;
   }
   trained_ = trained;
+  trained_names_ = names;
   reducer_ = std::make_shared<Reducer>(std::move(trained), std::move(names), plan, comm, std::move(config));
   reducer_->install_hooks();
 }
@@ -183,6 +185,17 @@ MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* opti
   }
   if (optimizer != nullptr) report.optimizer_state_bytes = state_bytes(*optimizer);
   return report;
+}
+
+void DataParallelCore::save_optimizer_state(const torch::optim::Optimizer& optimizer,
+                                            torch::serialize::OutputArchive& archive) {
+  detail::save_optimizer_state(optimizer, trained_, trained_names_, sharded_.get(), process_group_->communicator(),
+                               archive);
+}
+
+void DataParallelCore::load_optimizer_state(torch::optim::Optimizer& optimizer,
+                                            torch::serialize::InputArchive& archive) {
+  detail::load_optimizer_state(optimizer, trained_, trained_names_, sharded_.get(), archive);
 }
 
 at::Tensor DataParallelCore::clip_grad_norm_(double max_norm, double norm_type) {

@@ -49,7 +49,8 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
     for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
     for (const auto& part : bucket.layout.fragments(comm_.rank())) {
-      Fragment fragment{indices[part.slot], alias(bucket.buffer, part.begin, {part.length}, {1}), at::Tensor()};
+      Fragment fragment{indices[part.slot], part.begin - bucket.layout.offsets[part.slot],
+                        alias(bucket.buffer, part.begin, {part.length}, {1}), at::Tensor()};
       if (gradient_shards_) {
         fragment.gradient = alias(bucket.gradient_shard, part.begin - shard_begin, {part.length}, {1});
       }
@@ -151,6 +152,47 @@ std::vector<at::Tensor> ShardedParameters::local_parameters(const std::vector<at
     if (auto it = fragment_of_.find(key); it != fragment_of_.end()) result.push_back(fragments_[it->second].value);
   }
   return result;
+}
+
+at::Tensor ShardedParameters::fragment_of(std::size_t index) const {
+  auto it = fragment_of_.find(parameters_[index].unsafeGetTensorImpl());
+  return it == fragment_of_.end() ? at::Tensor() : fragments_[it->second].value;
+}
+
+void ShardedParameters::gather_whole(const std::function<at::Tensor(std::size_t index)>& part,
+                                     const std::function<void(std::size_t index, const at::Tensor& values)>& whole) {
+  c10::NoGradGuard no_grad;
+  for (const Bucket& bucket : buckets_) {
+    const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
+    at::Tensor mine = at::zeros({bucket.layout.shard_numel}, bucket.buffer.options());
+    for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
+      auto it = fragment_of_.find(parameters_[bucket.parameters[slot]].unsafeGetTensorImpl());
+      if (it == fragment_of_.end()) continue;
+      const Fragment& fragment = fragments_[it->second];
+      const at::Tensor values = part(fragment.parameter);
+      if (!values.defined()) continue;
+      mine.narrow(0, bucket.layout.offsets[slot] + fragment.begin - shard_begin, fragment.value.numel())
+          .copy_(values.view({-1}));
+    }
+    at::Tensor all = at::empty({bucket.layout.padded_numel}, mine.options());
+    comm_.all_gather(all, mine)->wait();
+    for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
+      const at::Tensor& parameter = parameters_[bucket.parameters[slot]];
+      whole(bucket.parameters[slot],
+            alias(all, bucket.layout.offsets[slot], parameter.sizes(), layout_strides(parameter)));
+    }
+  }
+}
+
+at::Tensor ShardedParameters::part_of(std::size_t index, const at::Tensor& values) const {
+  auto it = fragment_of_.find(parameters_[index].unsafeGetTensorImpl());
+  if (it == fragment_of_.end()) return {};
+  const Fragment& fragment = fragments_[it->second];
+  const at::Tensor& parameter = parameters_[index];
+  // Laid out as the parameter, so that its memory order is the fragment's.
+  at::Tensor laid_out = at::empty_strided(parameter.sizes(), layout_strides(parameter), parameter.options());
+  laid_out.copy_(values);
+  return alias(laid_out, fragment.begin, {fragment.value.numel()}, {1}).clone();
 }
 
 std::int64_t ShardedParameters::buffer_bytes() const {

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -59,6 +60,20 @@ class ShardedParameters {
   std::vector<at::Tensor> local_parameters(const std::vector<at::Tensor>& module_parameters) const;
   /// Every fragment, in parameter order.
   std::vector<at::Tensor> local_parameters() const { return local_parameters(parameters_); }
+  /// The fragment of parameter `index` on this rank; undefined if it has no part here.
+  at::Tensor fragment_of(std::size_t index) const;
+
+  /// Assembles a quantity held per fragment (an optimizer moment) for the
+  /// whole model, one bucket at a time, so that no device holds more than one
+  /// bucket of it: `part(index)` gives the values of parameter `index`'s
+  /// fragment on this rank (undefined: zeros), and `whole(index, values)`
+  /// receives every parameter's values, shaped and laid out as the parameter,
+  /// on every rank. Collective.
+  void gather_whole(const std::function<at::Tensor(std::size_t index)>& part,
+                    const std::function<void(std::size_t index, const at::Tensor& values)>& whole);
+  /// The part of `values` (shaped as parameter `index`, in any layout) that
+  /// lies in this rank's fragment of it, as a flat tensor on its device.
+  at::Tensor part_of(std::size_t index, const at::Tensor& values) const;
 
   std::int64_t buffer_bytes() const;          ///< The flat parameter buffers.
   std::int64_t gradient_shard_bytes() const;  ///< The gradient shards (0 without).
@@ -69,6 +84,7 @@ class ShardedParameters {
  private:
   struct Fragment {
     std::size_t parameter;  ///< Index into parameters_.
+    std::int64_t begin;     ///< First element in the parameter (in its memory order).
     at::Tensor value;       ///< Aliases the parameter buffer.
     at::Tensor gradient;    ///< Aliases the gradient shard.
   };

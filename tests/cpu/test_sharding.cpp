@@ -3,6 +3,10 @@
 // one process on the whole batch, with AdamW, for models whose element
 // counts no world size divides.
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -199,6 +203,44 @@ TEST(ShardingGlooOneRank, LocalParametersRefusesATensorOfNoTrainedParameter) {
     }
     throw std::runtime_error("a foreign tensor was accepted");
   }));
+}
+
+// A checkpoint holds the optimizer state by parameter, whole: written in one
+// mode at one world size, it resumes in another mode at another, exactly.
+TEST(ShardingCheckpoint, ResumesInAnotherModeAtAnotherWorldSize) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ddp_sharding_checkpoint_" + std::to_string(::getpid()) + ".pt")).string();
+  struct Case {
+    int save_ranks;
+    Sharding save_mode;
+    int load_ranks;
+    Sharding load_mode;
+  };
+  const std::vector<Case> cases{{2, Sharding::kOptimizer, 3, Sharding::kGradients},
+                                {3, Sharding::kNone, 4, Sharding::kOptimizer},
+                                {4, Sharding::kGradients, 1, Sharding::kNone}};
+  // A rank process runs this test from the top and takes the first
+  // run_ranks() it meets, so one body serves both phases, told by the environment.
+  const auto body = [&](int) {
+    const Case& c = cases.at(static_cast<std::size_t>(std::stoi(std::getenv("DDP_TEST_CASE"))));
+    const std::string file = std::getenv("DDP_TEST_CHECKPOINT");  // the parent's path, not one of the rank's own
+    if (std::string(std::getenv("DDP_TEST_PHASE")) == "save") {
+      save_after_steps(*init_gloo(), c.save_mode, 3, file);
+    } else {
+      check_resume_matches(*init_gloo(), c.load_mode, 3, file);
+    }
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(std::to_string(c.save_ranks) + " ranks " + ddp::to_string(c.save_mode) + " -> " +
+                 std::to_string(c.load_ranks) + " ranks " + ddp::to_string(c.load_mode));
+    RunOptions save, load;
+    save.env = {{"DDP_TEST_CASE", std::to_string(i)}, {"DDP_TEST_PHASE", "save"}, {"DDP_TEST_CHECKPOINT", path}};
+    load.env = {{"DDP_TEST_CASE", std::to_string(i)}, {"DDP_TEST_PHASE", "load"}, {"DDP_TEST_CHECKPOINT", path}};
+    expect_all_succeeded(run_ranks(c.save_ranks, body, save));
+    expect_all_succeeded(run_ranks(c.load_ranks, body, load));
+  }
+  std::filesystem::remove(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardingGloo, ::testing::Values(2, 3, 4),

@@ -225,6 +225,84 @@ void check_memory_report(ProcessGroup& pg) {
   }
 }
 
+namespace {
+
+constexpr std::int64_t kGlobalBatch = 12;
+
+/// Step `step`'s global batch; `rank` of `world` takes its even share.
+Batch global_batch_part(int step, int rank, int world, const c10::Device& device) {
+  torch::manual_seed(500 + step);
+  Batch whole{torch::randn({kGlobalBatch, 16}), torch::randn({kGlobalBatch, 4}), false};
+  const std::int64_t share = kGlobalBatch / world;
+  return {whole.input.narrow(0, rank * share, share).to(device), whole.target.narrow(0, rank * share, share).to(device),
+          false};
+}
+
+struct Trained {
+  std::unique_ptr<DistributedDataParallel<Net>> model;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+};
+
+Trained make_trained(ProcessGroup& pg, Sharding sharding) {
+  ShardingScenario scenario;
+  Trained trained;
+  trained.model = std::make_unique<DistributedDataParallel<Net>>(
+      make_net(scenario, 7, pg.device()), borrow(pg),
+      DistributedDataParallelOptions().sharding(sharding).bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005));
+  trained.optimizer =
+      make_adamw(*trained.model->module(), [&](const auto& p) { return trained.model->local_parameters(p); });
+  return trained;
+}
+
+void train_steps(ProcessGroup& pg, Trained& trained, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    trained.optimizer->zero_grad();
+    const Batch batch = global_batch_part(step, pg.rank(), pg.world_size(), pg.device());
+    torch::mse_loss((*trained.model)(batch.input, false), batch.target).backward();
+    trained.optimizer->step();
+  }
+}
+
+}  // namespace
+
+void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path) {
+  Trained trained = make_trained(pg, sharding);
+  train_steps(pg, trained, 0, steps);
+  trained.model->gather_parameters();
+  torch::serialize::OutputArchive optimizer_archive;
+  trained.model->save_optimizer_state(*trained.optimizer, optimizer_archive);
+  checkpoint::save_on_rank0(pg, path, [&](torch::serialize::OutputArchive& archive) {
+    torch::serialize::OutputArchive model_archive;
+    trained.model->module()->save(model_archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+  });
+}
+
+void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path) {
+  Trained trained = make_trained(pg, sharding);
+  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+  checkpoint::load(archive, path);
+  archive.read("model", model_archive);
+  archive.read("optimizer", optimizer_archive);
+  trained.model->module()->load(model_archive);
+  trained.model->load_optimizer_state(*trained.optimizer, optimizer_archive);
+  train_steps(pg, trained, steps, steps + 1);
+  trained.model->gather_parameters();
+
+  ShardingScenario scenario;
+  Net reference = make_net(scenario, 7, pg.device());
+  auto reference_optimizer = make_adamw(*reference, [](const auto& p) { return p; });
+  for (int step = 0; step <= steps; ++step) {
+    reference_optimizer->zero_grad();
+    const Batch batch = global_batch_part(step, 0, 1, pg.device());
+    torch::mse_loss(reference(batch.input, false), batch.target).backward();
+    reference_optimizer->step();
+  }
+  max_difference(*trained.model->module(), *reference,
+                 "resumed in " + to_string(sharding) + " at " + std::to_string(pg.world_size()) + " ranks", 1e-6);
+}
+
 void check_grad_scaler_agrees(ProcessGroup& pg, Sharding sharding) {
   ShardingScenario scenario;
   DistributedDataParallel<Net> model(make_net(scenario, 1, pg.device()), borrow(pg),

@@ -6,6 +6,8 @@
 // single-process reference that accumulates the gradients of every rank's
 // batches. After K steps all three must agree. Each throws std::runtime_error.
 
+#include <string>
+
 #include <ddp/ddp.h>
 
 namespace ddp::testing {
@@ -39,6 +41,15 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
 /// memory_report() of each mode: the optimizer's elements and state, and in
 /// kGradients the gradients, are 1/N of the model's (padding aside).
 void check_memory_report(ProcessGroup& pg);
+
+/// Checkpoints across modes and world sizes. Every step's global batch is 12
+/// samples, split evenly over the ranks (1, 2, 3 or 4), so a run at any world
+/// size trains the same model. save_after_steps trains `steps` steps in
+/// `sharding` and saves the module and the optimizer state to `path`;
+/// check_resume_matches loads it in `sharding` at this world size, trains one
+/// more step, and compares with one process that trained steps + 1 steps.
+void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path);
+void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path);
 
 /// A GradScaler over sharded gradients: an inf in one rank's shard makes
 /// every rank skip the step, and the ranks stay equal.
