@@ -174,7 +174,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<
     throw UsageError("libddp: the checkpoint holds no optimizer state written by save_optimizer_state()");
   }
   if (saved_kind.toStringRef() != name_of(kind)) {
-    throw UsageError(fmt::format("libddp: the checkpoint holds the state of a {} optimizer; this one is {}",
+    throw UsageError(fmt::format("libddp: the checkpoint holds the state of the optimizer {}; this one is {}",
                                  saved_kind.toStringRef(), name_of(kind)));
   }
   std::map<std::string, std::size_t> index_of;

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -187,6 +188,42 @@ TEST(ShardingGlooOneRank, ChannelsLastWeightStepsAsInOneProcess) {
     model.gather_parameters();
     require(torch::allclose(model.module()->weight, reference->weight, 0, 1e-6),
             "the channels_last weight was stepped with its gradient in another element order");
+  }));
+}
+
+// Optimizer state of another model, of another optimizer, or of an optimizer
+// whose state has no whole form is refused, naming what differs.
+TEST(ShardingGlooOneRank, MismatchedOptimizerStateIsRefusedByName) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = init_gloo();
+    const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
+    auto model = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 3), pg, options);
+    torch::optim::AdamW adamw(model.parameters());
+    model(torch::ones({2, 4})).sum().backward();
+    adamw.step();
+    torch::serialize::OutputArchive saved;
+    model.save_optimizer_state(adamw, saved);
+    std::stringstream bytes;
+    saved.save_to(bytes);
+    const auto refused = [&](auto& target, torch::optim::Optimizer& optimizer, const std::string& expected) {
+      torch::serialize::InputArchive archive;
+      bytes.seekg(0);
+      archive.load_from(bytes);
+      try {
+        target.load_optimizer_state(optimizer, archive);
+      } catch (const ddp::UsageError& e) {
+        require_contains(e.what(), expected);
+        return;
+      }
+      throw std::runtime_error("expected a UsageError containing '" + expected + "'");
+    };
+    auto wider = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 5), pg, options);
+    torch::optim::AdamW wider_adamw(wider.parameters());
+    refused(wider, wider_adamw, "has shape [3, 4], the parameter [5, 4]; it belongs to another model");
+    torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    refused(model, sgd, "holds the state of the optimizer adamw; this one is sgd");
+    torch::optim::RMSprop rmsprop(model.parameters());
+    refused(model, rmsprop, "support SGD, Adam and AdamW");
   }));
 }
 
