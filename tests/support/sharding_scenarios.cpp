@@ -178,6 +178,22 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
   return max_difference(*sharded.module(), *reference, mode + " against one process", reference_tolerance);
 }
 
+void check_every_mode_on_one_rank(ProcessGroup& pg, bool fused) {
+  for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients}) {
+    ShardingScenario scenario;
+    scenario.sharding = sharding;
+    scenario.fused_optimizer = fused;
+    scenario.options.bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005);
+    check_sharded_matches(pg, scenario);
+    scenario.model = ShardedModel::kBranchy;
+    scenario.options.find_unused_parameters(true);
+    scenario.micro_steps = 2;
+    scenario.clip = 0.05;
+    check_sharded_matches(pg, scenario);
+  }
+  check_memory_report(pg);
+}
+
 void check_memory_report(ProcessGroup& pg) {
   const int world = pg.world_size();
   const auto expect = [](bool condition, const std::string& what, const MemoryReport& report) {

@@ -38,6 +38,11 @@ struct ShardingScenario {
 /// Returns the largest difference to the reference; throws if over the tolerance.
 double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario);
 
+/// Every sharded mode on one rank, where nothing is reduced: in many small
+/// buckets, and with an unused branch, accumulation and clipping; then the
+/// memory report. `fused`: with ddp::optim::FusedAdamW.
+void check_every_mode_on_one_rank(ProcessGroup& pg, bool fused);
+
 /// memory_report() of each mode: the optimizer's elements and state, and in
 /// kGradients the gradients, are 1/N of the model's (padding aside).
 void check_memory_report(ProcessGroup& pg);
