@@ -2,6 +2,11 @@
 // as plain DDP and one process, with ATen's fused AdamW kernel stepping the
 // shards' fragments. (The 2-GPU runs are in test_ddp_nccl.cpp.)
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +24,21 @@ TEST(ShardingCuda, EveryModeTrainsAsPlainDdpOnOneGpu) {
     auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
     check_every_mode_on_one_rank(*pg, /*fused=*/false);
     check_every_mode_on_one_rank(*pg, /*fused=*/true);
+  }));
+}
+
+// The optimizer state of CUDA fragments, saved whole in one mode and loaded
+// in another, resumes as one process would.
+TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("ddp_sharding_gpu_checkpoint_" + std::to_string(::getpid()) + ".pt")).string();
+    save_after_steps(*pg, ddp::Sharding::kGradients, 3, path);
+    check_resume_matches(*pg, ddp::Sharding::kOptimizer, 3, path);
+    save_after_steps(*pg, ddp::Sharding::kNone, 2, path);
+    check_resume_matches(*pg, ddp::Sharding::kGradients, 2, path);
+    std::filesystem::remove(path);
   }));
 }
 

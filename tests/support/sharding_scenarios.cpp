@@ -265,8 +265,10 @@ Trained make_trained(ProcessGroup& pg, Sharding sharding) {
   trained.model = std::make_unique<DistributedDataParallel<Net>>(
       make_net(scenario, 7, pg.device()), borrow(pg),
       DistributedDataParallelOptions().sharding(sharding).bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005));
-  trained.optimizer =
-      make_adamw(*trained.model->module(), [&](const auto& p) { return trained.model->local_parameters(p); });
+  // On a GPU the fused kernel keeps the state (FusedAdamW's is AdamW's).
+  trained.optimizer = make_adamw(
+      *trained.model->module(), [&](const auto& p) { return trained.model->local_parameters(p); },
+      pg.device().is_cuda());
   return trained;
 }
 
@@ -308,7 +310,7 @@ void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const 
 
   ShardingScenario scenario;
   Net reference = make_net(scenario, 7, pg.device());
-  auto reference_optimizer = make_adamw(*reference, [](const auto& p) { return p; });
+  auto reference_optimizer = make_adamw(*reference, [](const auto& p) { return p; }, pg.device().is_cuda());
   for (int step = 0; step <= steps; ++step) {
     reference_optimizer->zero_grad();
     const Batch batch = global_batch_part(step, 0, 1, pg.device());

@@ -53,6 +53,7 @@ void check_memory_report(ProcessGroup& pg);
 /// `sharding` and saves the module and the optimizer state to `path`;
 /// check_resume_matches loads it in `sharding` at this world size, trains one
 /// more step, and compares with one process that trained steps + 1 steps.
+/// AdamW, fused on a GPU.
 void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path);
 void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path);
 
