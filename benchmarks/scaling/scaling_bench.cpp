@@ -330,7 +330,7 @@ int main(int argc, char** argv) try {
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
-      .add("sharding", "none", "none | optimizer (ZeRO-1) | gradients (ZeRO-2)")
+      .add("sharding", "none", "none | optimizer (ZeRO-1) | gradients (ZeRO-2) | full (ZeRO-3, LLaMA: a unit per block)")
       .add("reduce-dtype", "fp32",
            "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
            "bf16_compress_hook; only where there is more than one process)")
@@ -367,10 +367,14 @@ int main(int argc, char** argv) try {
   } catch (const ddp::UsageError& e) {
     flags.fail(e.what());
   }
+  if (sharding == ddp::Sharding::kFull && model_name != "llama") {
+    flags.fail("--sharding full needs a model whose forward runs its units through ddp::in_unit; use --model llama");
+  }
   auto options = ddp::DistributedDataParallelOptions()
                      .bucket_cap_mb(flags.real("bucket-cap-mb"))
                      .record_timeline(timeline)
-                     .sharding(sharding);
+                     .sharding(sharding)
+                     .shard_units(llama::shard_units(sharding));
   const std::string reduce_dtype = flags.str("reduce-dtype");
   if (reduce_dtype != "fp32" && reduce_dtype != "bf16") flags.fail("--reduce-dtype must be fp32 or bf16");
   // One process reduces nothing, so its row stays the baseline of the scaling efficiency.

@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include <ddp/distributed_data_parallel.h>
+
 #include "compat/torch_compat.h"
 #include "fused_ops.h"
 
@@ -289,7 +291,10 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
   torch::Tensor h = tok_embeddings(tokens);
   for (std::size_t i = 0; i < layers->size(); ++i) {
     const auto block = layers->ptr<TransformerBlockImpl>(i);
-    h = config.activation_checkpointing ? checkpointed(block, h, rotation) : block->forward(h, rotation);
+    // A unit of Sharding::kFull (shard_units "layers.*"): gathered only while it runs.
+    h = ddp::in_unit(*block, [&] {
+      return config.activation_checkpointing ? checkpointed(block, h, rotation) : block->forward(h, rotation);
+    });
   }
   h = norm(h);
   return config.tie_embeddings ? torch::nn::functional::linear(h, tok_embeddings->weight) : output(h);

@@ -20,6 +20,11 @@ ddp::Float8Scaling float8_scaling_named(const std::string& name) {
   throw std::invalid_argument("--fp8-scaling must be current or delayed, got '" + name + "'");
 }
 
+std::vector<std::string> shard_units(ddp::Sharding sharding) {
+  if (sharding == ddp::Sharding::kFull) return {"layers.*"};
+  return {};
+}
+
 std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(const ddp::DistributedDataParallel<Llama>& model, double lr,
                                                    double beta2, double weight_decay) {
   std::vector<at::Tensor> decay, no_decay;

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -26,6 +27,10 @@ ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling 
 /// "current" or "delayed", the value of the --fp8-scaling flag; throws
 /// std::invalid_argument otherwise.
 ddp::Float8Scaling float8_scaling_named(const std::string& name);
+
+/// The shard units of `sharding`: each transformer block under
+/// Sharding::kFull (as FSDP wraps each block), none otherwise.
+std::vector<std::string> shard_units(ddp::Sharding sharding);
 
 /// AdamW (fused where LibTorch has the kernel) with weight decay on matrices
 /// only, not on norms, over what `model` says this rank steps (its shards of

@@ -30,12 +30,14 @@ namespace {
 
 using DataParallelLlama = ddp::DistributedDataParallel<llama::Llama>;
 
+// Evaluation runs through DDP too: it brings sharded parameters up to date
+// after the optimizer's step, and under kFull gathers each block as it runs.
 at::Tensor next_token_loss(DataParallelLlama& model, const data::TokenBatch& batch, const c10::Device& device,
-                           const ddp::PrecisionPolicy& policy, bool through_ddp) {
+                           const ddp::PrecisionPolicy& policy) {
   const at::Tensor inputs = batch.inputs().to(device, /*non_blocking=*/true);
   const at::Tensor targets = batch.targets().to(device, /*non_blocking=*/true);
   ddp::PrecisionGuard guard(policy, device);
-  const at::Tensor logits = through_ddp ? model(inputs) : model.module()->forward(inputs);
+  const at::Tensor logits = model(inputs);
   return llama::next_token_loss(logits, targets);
 }
 
@@ -62,7 +64,7 @@ int main(int argc, char** argv) try {
       .add_switch("activation-checkpointing", "recompute each block's activations in backward to save memory")
       .add("sharding", "none",
            "what each rank keeps whole: none (plain DDP) | optimizer (ZeRO-1: optimizer state sharded) | gradients "
-           "(ZeRO-2: gradients too)")
+           "(ZeRO-2: gradients too) | full (ZeRO-3: parameters too, each block gathered only while it runs)")
       .add("weight-decay", "0.1", "AdamW weight decay (not on norms)")
       .add("beta2", "0.95", "AdamW beta2")
       .add("seed", "0", "random seed");
@@ -143,7 +145,9 @@ int main(int argc, char** argv) try {
                   report.skipped.size());
     }
   }
-  DataParallelLlama ddp_model(model, process_group, ddp::DistributedDataParallelOptions().sharding(sharding));
+  DataParallelLlama ddp_model(model, process_group,
+                              ddp::DistributedDataParallelOptions().sharding(sharding).shard_units(
+                                  llama::shard_units(sharding)));
 
   const auto optimizer =
       llama::make_adamw(ddp_model, flags.real("lr"), flags.real("beta2"), flags.real("weight-decay"));
@@ -176,7 +180,7 @@ int main(int argc, char** argv) try {
     const data::TokenBatch tokens = train_data->next();
     std::optional<DataParallelLlama::NoSyncGuard> no_sync;
     if (!sync) no_sync.emplace(ddp_model.no_sync());
-    const at::Tensor loss = next_token_loss(ddp_model, tokens, device, policy, /*through_ddp=*/true);
+    const at::Tensor loss = next_token_loss(ddp_model, tokens, device, policy);
     scaler.scale(loss * loss_weight).backward();
     // Delayed scaling: every rank then casts with the same scales, and rank
     // 0's checkpoint holds every rank's FP8 state, so --resume is exact.
@@ -194,7 +198,7 @@ int main(int argc, char** argv) try {
       val_data->seek(0);
       at::Tensor total = torch::zeros({1}, torch::TensorOptions().device(device));
       for (std::int64_t i = 0; i < eval_batches; ++i) {
-        total += next_token_loss(ddp_model, val_data->next(), device, policy, /*through_ddp=*/false);
+        total += next_token_loss(ddp_model, val_data->next(), device, policy);
       }
       process_group->communicator().all_reduce(total, ddp::ReduceOp::kAvg)->wait();
       const double loss = total.item<double>() / static_cast<double>(eval_batches);

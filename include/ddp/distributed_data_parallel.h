@@ -58,6 +58,12 @@ struct DistributedDataParallelOptions {
   /// build the optimizer over parameters() instead of the module's, and the
   /// buckets keep their first layout (they are not rebuilt in ready order).
   TORCH_ARG(Sharding, sharding) = Sharding::kNone;
+  /// Sharding::kFull: the modules gathered as one unit each, as module-path
+  /// patterns where '*' stands for one path segment: {"layers.*"} makes
+  /// each transformer block a unit (FSDP's fully_shard on each block). The
+  /// model's forward runs each unit through ddp::in_unit. Parameters outside
+  /// every unit (embeddings, the last norm) stay gathered.
+  TORCH_ARG(std::vector<std::string>, shard_units) = {};
 };
 
 /// Device times of one reduced backward pass, from the end of forward.
@@ -73,6 +79,21 @@ class Reducer;
 class Timeline;
 class BufferSync;
 class ShardedParameters;
+class UnitSchedule;
+
+/// What ddp::in_unit tells the unit schedule of the model that has `unit`.
+class UnitScope {
+ public:
+  /// Gathers the unit's parameters (no-op for a module that is no unit).
+  explicit UnitScope(const torch::nn::Module& unit);
+  /// After the unit's forward: frees them, and hooks their gathering before
+  /// the unit's backward onto `outputs`.
+  void leave(const std::vector<at::Tensor>& outputs);
+
+ private:
+  std::shared_ptr<UnitSchedule> schedule_;
+  std::size_t unit_ = 0;
+};
 
 /// The part of DistributedDataParallel that does not depend on the module type.
 class DataParallelCore {
@@ -101,6 +122,7 @@ class DataParallelCore {
   std::vector<at::Tensor> trained_;  // each trained parameter once (tied ones are one)
   std::vector<std::string> trained_names_;
   std::shared_ptr<ShardedParameters> sharded_;  // null: Sharding::kNone
+  std::shared_ptr<UnitSchedule> units_;         // null: not Sharding::kFull
   std::unique_ptr<BufferSync> buffer_sync_;  // null: no buffers
   std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Reducer> reducer_;
@@ -282,6 +304,28 @@ class DistributedDataParallel {
   template <typename M>
   friend at::Tensor clip_grad_norm_(DistributedDataParallel<M>& model, double max_norm, double norm_type);
 };
+
+/// Runs `function`, the forward of `unit` (a submodule of a model wrapped
+/// with Sharding::kFull that shard_units names), with the unit's parameters
+/// gathered: they are all-gathered before (the next unit's gather overlaps
+/// this one's compute), freed after, and gathered again before the unit's
+/// backward. For any other module, or without kFull, it just runs
+/// `function`, so one model serves every mode:
+///
+///   for (auto& block : blocks) h = ddp::in_unit(*block, [&] { return block->forward(h); });
+///
+/// Every rank must run the same units in the same order. The outputs
+/// (a tensor, or a vector, tuple or pair of them) carry the hooks of the
+/// backward gather; the unit's parameters must not be used outside it.
+template <typename Function>
+auto in_unit(const torch::nn::Module& unit, Function&& function) {
+  detail::UnitScope scope(unit);
+  auto output = std::forward<Function>(function)();
+  std::vector<at::Tensor> tensors;
+  detail::collect_tensors(output, tensors);
+  scope.leave(tensors);
+  return output;
+}
 
 /// Scales the gradients of model.parameters() so that their norm over the
 /// whole model, across ranks, is at most `max_norm`, as

@@ -20,9 +20,15 @@ enum class Sharding {
   /// ZeRO-2: as kOptimizer, and each gradient bucket is freed as soon as it
   /// is reduced, so between iterations a rank holds only its 1/N of the gradients.
   kGradients,
+  /// ZeRO-3 (FSDP's FULL_SHARD): as kGradients, and the parameters of each
+  /// unit (a module named by DistributedDataParallelOptions::shard_units)
+  /// are held whole only while the unit runs, in forward and in backward;
+  /// between iterations a rank holds 1/N of them. The model's forward calls
+  /// each unit through ddp::in_unit.
+  kFull,
 };
 
-/// "none", "optimizer" or "gradients".
+/// "none", "optimizer", "gradients" or "full".
 std::string to_string(Sharding sharding);
 /// Parses what to_string() returns (any case); UsageError naming the choices otherwise.
 Sharding parse_sharding(const std::string& name);
@@ -40,6 +46,10 @@ struct MemoryReport {
   std::int64_t trained_elements = 0;       ///< Elements of every trained parameter.
   std::int64_t optimizer_elements = 0;     ///< Elements the optimizer steps on this rank.
   std::int64_t padding_elements = 0;       ///< Zeros added to make the shards equal (all ranks).
+  /// kFull: the most memory of gathered units held at once since the first
+  /// forward (which gathers every unit once, to check that each runs
+  /// through ddp::in_unit).
+  std::int64_t peak_gathered_bytes = 0;
 
   /// One line, e.g. "rank memory (gradients, 4 ranks): parameters 1.20 GiB, ...".
   std::string to_string() const;

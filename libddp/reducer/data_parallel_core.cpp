@@ -22,7 +22,9 @@
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
 #include "reducer/timeline.h"
+#include "sharding/shard_units.h"
 #include "sharding/sharded_parameters.h"
+#include "sharding/unit_schedule.h"
 
 namespace ddp::detail {
 namespace {
@@ -109,13 +111,43 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
     timeline_ = std::make_shared<Timeline>(comm.device(), process_group_->rank(), timeline_path);
     config.timeline = timeline_;
   }
-  const auto plan = initial_buckets(trained, config.first_bucket_bytes, config.bucket_bytes);
+  const bool full = options.sharding() == Sharding::kFull;
+  if (full && options.shard_units().empty()) {
+    throw UsageError("libddp: Sharding::kFull needs units to gather one at a time: name them with "
+                     "DistributedDataParallelOptions().shard_units({\"layers.*\"}) (module paths, '*' for one "
+                     "segment), or use Sharding::kGradients");
+  }
+  if (!full && !options.shard_units().empty()) {
+    throw UsageError(fmt::format("libddp: shard_units is set but sharding is {}; units are gathered one at a time "
+                                 "only with Sharding::kFull: set .sharding(ddp::Sharding::kFull) or drop shard_units",
+                                 to_string(options.sharding())));
+  }
+  std::vector<std::vector<std::size_t>> plan;
+  ShardUnits units;
+  std::vector<int> unit_of_bucket;
+  if (full) {
+    units = find_shard_units(*module_, trained, options.shard_units());
+    plan = unit_buckets(trained, units, config.first_bucket_bytes, config.bucket_bytes, unit_of_bucket);
+  } else {
+    plan = initial_buckets(trained, config.first_bucket_bytes, config.bucket_bytes);
+  }
   if (options.sharding() != Sharding::kNone) {
     // On one rank with the averaging hook there is nothing to reduce: the
     // shard is the whole gradient, which then stays where autograd put it.
-    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce);
+    std::vector<std::uint8_t> transient;
+    for (int unit : unit_of_bucket) transient.push_back(unit >= 0 ? 1 : 0);
+    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce, transient);
     config.sharded = sharded_;
-    config.free_reduced_buckets = options.sharding() == Sharding::kGradients;
+    config.free_reduced_buckets = options.sharding() == Sharding::kGradients || full;
+  }
+  if (full) {
+    std::vector<std::size_t> bucket_of_unit(units.names.size());
+    for (std::size_t bucket = 0; bucket < unit_of_bucket.size(); ++bucket) {
+      if (unit_of_bucket[bucket] >= 0) bucket_of_unit[unit_of_bucket[bucket]] = bucket;
+    }
+    units_ = std::make_shared<UnitSchedule>(sharded_, std::move(units), std::move(bucket_of_unit));
+    units_->register_units();
+    config.units = units_;
   }
   trained_ = trained;
   trained_names_ = names;
@@ -127,6 +159,7 @@ DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
   reducer_->prepare_for_forward();
+  if (units_) units_->before_forward();
   if (sharded_) sharded_->gather();
   if (buffer_sync_ && module_->is_training()) {
     buffer_sync_->broadcast(process_group_->communicator(), 0);
@@ -134,6 +167,13 @@ void DataParallelCore::before_forward() {
 }
 
 void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
+  if (units_) {
+    // The first time the graph can be seen, whether every unit it uses ran through in_unit.
+    std::vector<std::uint8_t> used;
+    const bool check = !units_->checked() && at::GradMode::is_enabled() && !outputs.empty();
+    if (check) used = reducer_->used_by(outputs);
+    units_->after_forward(check ? &used : nullptr);
+  }
   if (at::GradMode::is_enabled()) reducer_->prepare_for_backward(outputs);
 }
 
@@ -154,6 +194,7 @@ std::vector<at::Tensor> DataParallelCore::local_parameters(const std::vector<at:
 
 void DataParallelCore::gather_parameters() {
   if (sharded_) sharded_->gather();
+  if (units_) units_->gather_all();
 }
 
 MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* optimizer) const {
@@ -179,6 +220,7 @@ MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* opti
     }
     report.optimizer_elements = sharded_->local_elements();
     report.padding_elements = sharded_->padding_elements();
+    report.peak_gathered_bytes = sharded_->peak_gathered_bytes();
   } else {
     for (const at::Tensor& parameter : trained_) report.gradient_bytes += bytes_of(parameter);
     report.optimizer_elements = report.trained_elements;

@@ -16,6 +16,7 @@
 #include "reducer/row_major.h"
 #include "reducer/timeline.h"
 #include "sharding/sharded_parameters.h"
+#include "sharding/unit_schedule.h"
 
 namespace ddp::detail {
 
@@ -111,16 +112,9 @@ void Reducer::allocate(Bucket& bucket) const {
   std::int64_t offset = 0;
   for (std::size_t index : bucket.parameters) {
     const at::Tensor& parameter = parameters_[index];
-    // Slices keep the parameter's strides (channels_last stays channels_last),
-    // so accumulating into them needs no layout change. They alias the
-    // bucket's memory without being autograd views, which optimizers may
-    // detach_() (LibTorch 1.x zero_grad does).
-    const std::vector<std::int64_t> strides = parameter.is_non_overlapping_and_dense()
-                                                  ? parameter.strides().vec()
-                                                  : row_major_strides(parameter.sizes());
-    bucket.views.push_back(at::empty({0}, bucket.buffer.options())
-                               .set_(bucket.buffer.storage(), bucket.buffer.storage_offset() + offset,
-                                     parameter.sizes(), strides));
+    // Slices keep the parameter's layout, so accumulating into them needs no
+    // layout change; optimizers may detach_() them (LibTorch 1.x zero_grad does).
+    bucket.views.push_back(alias(bucket.buffer, offset, parameter.sizes(), flat_layout_strides(parameter)));
     offset += parameter.numel();
   }
 }
@@ -201,9 +195,39 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
             "vector, tuple or pair of them) so that it can walk the autograd graph from them");
       }
       unused_ = find_unused(outputs);
+      if (config_.units) check_same_unused_on_all_ranks();
       if (config_.static_graph) static_unused_ = unused_;
     }
   }
+}
+
+void Reducer::check_same_unused_on_all_ranks() const {
+  // Per parameter: whether some rank left it unused, and whether some rank used it.
+  const auto count = static_cast<std::int64_t>(parameters_.size());
+  std::vector<std::int32_t> flags(2 * parameters_.size(), 0);
+  std::vector<std::uint8_t> unused(parameters_.size(), 0);
+  for (std::size_t index : unused_) unused[index] = 1;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) flags[unused[i] ? i : parameters_.size() + i] = 1;
+  at::Tensor agreed = at::tensor(flags, at::kInt).to(comm_.device());
+  comm_.all_reduce(agreed, ReduceOp::kMax)->wait();
+  agreed = agreed.cpu();
+  const auto* some = agreed.data_ptr<std::int32_t>();
+  std::vector<std::size_t> split;
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (some[i] != 0 && some[count + i] != 0) split.push_back(static_cast<std::size_t>(i));
+  }
+  if (split.empty()) return;
+  throw UsageError(fmt::format(
+      "libddp: with Sharding::kFull every rank must use the same parameters in an iteration, but some ranks left "
+      "unused what others used: {}. Run the same modules on every rank (a branch taken by some ranks only can be "
+      "run with zero weight on the others), or use Sharding::kGradients",
+      names_of(split)));
+}
+
+std::vector<std::uint8_t> Reducer::used_by(const std::vector<at::Tensor>& outputs) const {
+  std::vector<std::uint8_t> used(parameters_.size(), 1);
+  for (std::size_t index : find_unused(outputs)) used[index] = 0;
+  return used;
 }
 
 std::vector<std::size_t> Reducer::find_unused(const std::vector<at::Tensor>& outputs) const {
@@ -231,6 +255,7 @@ std::vector<std::size_t> Reducer::find_unused(const std::vector<at::Tensor>& out
 
 void Reducer::on_gradient_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (config_.units) config_.units->gradient_ready(index);
   if (!armed_) return;  // no_sync, or a forward that did not go through DDP
   if (!finalize_queued_) {
     finalize_queued_ = true;
@@ -369,6 +394,7 @@ void Reducer::finalize_backward() {
       c10::NoGradGuard no_grad;
       for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
     }
+    if (config_.units) config_.units->after_backward();
   } else if (config_.reduce && config_.find_unused_parameters) {
     adopt_globally_used_gradients(globally_used());
   }

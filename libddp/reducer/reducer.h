@@ -20,6 +20,7 @@ namespace ddp::detail {
 
 class ShardedParameters;
 class Timeline;
+class UnitSchedule;
 
 /// Averages gradients across ranks while backward runs, as PyTorch's
 /// reducer.cpp does: parameters are grouped into flat buckets; a post hook
@@ -54,6 +55,13 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     /// kGradients: a bucket's memory is allocated when its gradients are all
     /// ready and released once its reduction is launched.
     bool free_reduced_buckets = false;
+    /// kFull: told of each accumulated gradient and of each backward's end,
+    /// to free the units' gathered parameters. With find_unused_parameters
+    /// every rank must then leave the same parameters unused, which is
+    /// checked each iteration: the units' gathers, issued from autograd's
+    /// hooks, and the reductions of buckets with unused parameters, issued
+    /// at the end, must come in one order on every rank.
+    std::shared_ptr<UnitSchedule> units;
   };
 
   /// `plan`: the first buckets, indices into `parameters` (initial_buckets()).
@@ -68,6 +76,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// After a forward whose backward must reduce: arms the hooks; with
   /// find_unused_parameters, finds the parameters `outputs` do not depend on.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  /// Per parameter, whether `outputs` depend on it (a walk of the autograd graph).
+  std::vector<std::uint8_t> used_by(const std::vector<at::Tensor>& outputs) const;
 
   void set_sync(bool sync);
   bool sync() const;
@@ -106,6 +117,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// Per parameter, whether any rank used it in this backward (a host sync).
   std::vector<std::uint8_t> globally_used();
   void adopt_globally_used_gradients(const std::vector<std::uint8_t>& used);
+  /// kFull: UsageError on every rank if the ranks left different parameters unused.
+  void check_same_unused_on_all_ranks() const;
   std::vector<std::size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
   std::string names_of(const std::vector<std::size_t>& indices) const;
 

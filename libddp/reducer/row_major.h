@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <c10/util/ArrayRef.h>
 
 namespace ddp::detail {
@@ -14,5 +15,15 @@ inline std::vector<std::int64_t> row_major_strides(c10::IntArrayRef sizes) {
   for (std::size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * std::max<std::int64_t>(sizes[i], 1);
   return strides;
 }
+
+/// Strides of `parameter`'s place in a flat buffer: its own when it is dense
+/// (channels_last stays channels_last, so a gradient laid out as autograd
+/// lays it out matches its slice element for element), else row-major.
+std::vector<std::int64_t> flat_layout_strides(const at::Tensor& parameter);
+
+/// A tensor of `sizes` and `strides` over `base`'s memory from element
+/// `offset` on. Not an autograd view: optimizers, detach_() and set_() treat
+/// it as a tensor of its own.
+at::Tensor alias(const at::Tensor& base, std::int64_t offset, c10::IntArrayRef sizes, c10::IntArrayRef strides);
 
 }  // namespace ddp::detail

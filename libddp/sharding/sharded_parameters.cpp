@@ -12,27 +12,10 @@
 #include "reducer/row_major.h"
 
 namespace ddp::detail {
-namespace {
-
-/// A tensor of `sizes` and `strides` over `base`'s memory from element
-/// `offset` on. Not an autograd view: optimizers and set_() treat it as a
-/// tensor of its own.
-at::Tensor alias(const at::Tensor& base, std::int64_t offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  return at::empty({0}, base.options()).set_(base.storage(), base.storage_offset() + offset, sizes, strides);
-}
-
-std::vector<std::int64_t> layout_strides(const at::Tensor& parameter) {
-  // The parameter keeps its strides (channels_last stays channels_last), so
-  // its gradient, laid out the same way in the reducer's bucket, matches it
-  // element for element.
-  return parameter.is_non_overlapping_and_dense() ? parameter.strides().vec() : row_major_strides(parameter.sizes());
-}
-
-}  // namespace
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
                                      const std::vector<std::vector<std::size_t>>& plan, Communicator& comm,
-                                     bool gradient_shards)
+                                     bool gradient_shards, const std::vector<std::uint8_t>& transient)
     : parameters_(std::move(parameters)), comm_(comm), gradient_shards_(gradient_shards) {
   c10::NoGradGuard no_grad;
   for (std::size_t i = 0; i < parameters_.size(); ++i) index_of_[parameters_[i].unsafeGetTensorImpl()] = i;
@@ -40,6 +23,7 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
   for (const auto& indices : plan) {
     Bucket bucket;
     bucket.parameters = indices;
+    bucket.transient = !transient.empty() && transient[buckets_.size()] != 0;
     std::vector<std::int64_t> numels;
     for (std::size_t index : indices) numels.push_back(parameters_[index].numel());
     bucket.layout = layout_shards(numels, comm_.world_size());
@@ -48,14 +32,20 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
     if (gradient_shards_) bucket.gradient_shard = at::zeros({bucket.layout.shard_numel}, first.options());
     for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
+    if (bucket.transient) bucket.master = bucket.buffer.narrow(0, shard_begin, bucket.layout.shard_numel).clone();
+    // The optimizer's view of the shard: in place in a resident buffer, the
+    // kept master of a transient one.
+    const at::Tensor& shard_home = bucket.transient ? bucket.master : bucket.buffer;
+    const std::int64_t home_begin = bucket.transient ? shard_begin : 0;
     for (const auto& part : bucket.layout.fragments(comm_.rank())) {
       Fragment fragment{indices[part.slot], part.begin - bucket.layout.offsets[part.slot],
-                        alias(bucket.buffer, part.begin, {part.length}, {1}), at::Tensor()};
+                        alias(shard_home, part.begin - home_begin, {part.length}, {1}), at::Tensor()};
       if (gradient_shards_) {
         fragment.gradient = alias(bucket.gradient_shard, part.begin - shard_begin, {part.length}, {1});
       }
       fragments.push_back(std::move(fragment));
     }
+    if (bucket.transient) gathered_bytes_ += bucket.buffer.nbytes();
     buckets_.push_back(std::move(bucket));
   }
   std::sort(fragments.begin(), fragments.end(),
@@ -70,12 +60,12 @@ bool ShardedParameters::adopted(const Bucket& bucket, std::size_t slot) const {
   const at::Tensor& parameter = parameters_[bucket.parameters[slot]];
   return parameter.is_alias_of(bucket.buffer) &&
          parameter.storage_offset() == bucket.buffer.storage_offset() + bucket.layout.offsets[slot] &&
-         parameter.strides() == c10::IntArrayRef(layout_strides(parameter));
+         parameter.strides() == c10::IntArrayRef(flat_layout_strides(parameter));
 }
 
 void ShardedParameters::adopt(Bucket& bucket, std::size_t slot) {
   at::Tensor& parameter = parameters_[bucket.parameters[slot]];
-  const std::vector<std::int64_t> strides = layout_strides(parameter);
+  const std::vector<std::int64_t> strides = flat_layout_strides(parameter);
   at::Tensor place = alias(bucket.buffer, bucket.layout.offsets[slot], parameter.sizes(), strides);
   place.copy_(parameter);
   parameter.set_(place.storage(), place.storage_offset(), parameter.sizes(), strides);
@@ -114,9 +104,19 @@ void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* global
 
 void ShardedParameters::gather() {
   c10::NoGradGuard no_grad;
-  for (Bucket& bucket : buckets_) {
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    Bucket& bucket = buckets_[b];
+    std::vector<std::size_t> replaced;
     for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
-      if (!adopted(bucket, slot)) adopt(bucket, slot);
+      if (!adopted(bucket, slot)) replaced.push_back(slot);
+    }
+    if (replaced.empty()) continue;
+    // Every rank loads the same module, so every rank gathers here alike.
+    if (bucket.transient) finish_gather(b);
+    for (std::size_t slot : replaced) adopt(bucket, slot);
+    if (bucket.transient) {
+      const std::int64_t shard = bucket.layout.shard_numel;
+      bucket.master.copy_(bucket.buffer.narrow(0, comm_.rank() * shard, shard));
     }
   }
   if (!gather_pending_) return;
@@ -129,10 +129,48 @@ void ShardedParameters::gather() {
   // forward that follows.
   std::vector<std::shared_ptr<Work>> works;
   for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
+    if (bucket->transient) continue;
     const std::int64_t shard = bucket->layout.shard_numel;
     works.push_back(comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard)));
   }
   for (auto& work : works) work->wait_stream();
+}
+
+void ShardedParameters::start_gather(std::size_t index) {
+  Bucket& bucket = buckets_[index];
+  if (bucket.has_memory) return;
+  // Fresh memory from the allocator, on the current stream, moved into the
+  // storage the parameters already view.
+  at::Tensor fresh = at::empty({bucket.layout.padded_numel}, bucket.buffer.options());
+  c10::StorageImpl* storage = bucket.buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(
+      fresh.storage().unsafeGetStorageImpl()->set_data_ptr(at::DataPtr(nullptr, fresh.device())));
+  storage->set_nbytes(fresh.nbytes());
+  bucket.has_memory = true;
+  gathered_bytes_ += bucket.buffer.nbytes();
+  peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
+  bucket.gathering = comm_.all_gather(bucket.buffer, bucket.master);
+}
+
+void ShardedParameters::finish_gather(std::size_t index) {
+  start_gather(index);
+  Bucket& bucket = buckets_[index];
+  if (!bucket.gathering) return;
+  bucket.gathering->wait_stream();
+  bucket.gathering.reset();
+}
+
+void ShardedParameters::release(std::size_t index) {
+  Bucket& bucket = buckets_[index];
+  if (!bucket.has_memory) return;
+  // A gather still in flight keeps its memory: the communicator recorded its
+  // stream on it, so the allocator hands it out again only after the gather.
+  bucket.gathering.reset();
+  gathered_bytes_ -= bucket.buffer.nbytes();
+  c10::StorageImpl* storage = bucket.buffer.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, bucket.buffer.device()));
+  storage->set_nbytes(0);
+  bucket.has_memory = false;
 }
 
 std::vector<at::Tensor> ShardedParameters::local_parameters(const std::vector<at::Tensor>& module_parameters) const {
@@ -179,7 +217,7 @@ void ShardedParameters::gather_whole(const std::function<at::Tensor(std::size_t 
     for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
       const at::Tensor& parameter = parameters_[bucket.parameters[slot]];
       whole(bucket.parameters[slot],
-            alias(all, bucket.layout.offsets[slot], parameter.sizes(), layout_strides(parameter)));
+            alias(all, bucket.layout.offsets[slot], parameter.sizes(), flat_layout_strides(parameter)));
     }
   }
 }
@@ -190,14 +228,14 @@ at::Tensor ShardedParameters::part_of(std::size_t index, const at::Tensor& value
   const Fragment& fragment = fragments_[it->second];
   const at::Tensor& parameter = parameters_[index];
   // Laid out as the parameter, so that its memory order is the fragment's.
-  at::Tensor laid_out = at::empty_strided(parameter.sizes(), layout_strides(parameter), parameter.options());
+  at::Tensor laid_out = at::empty_strided(parameter.sizes(), flat_layout_strides(parameter), parameter.options());
   laid_out.copy_(values);
   return alias(laid_out, fragment.begin, {fragment.value.numel()}, {1}).clone();
 }
 
 std::int64_t ShardedParameters::buffer_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& bucket : buckets_) bytes += bucket.buffer.numel() * bucket.buffer.element_size();
+  for (const auto& bucket : buckets_) bytes += (bucket.transient ? bucket.master : bucket.buffer).nbytes();
   return bytes;
 }
 

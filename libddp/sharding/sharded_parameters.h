@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -15,13 +16,21 @@
 
 namespace ddp::detail {
 
-/// The parameters of the sharded modes (ZeRO-1 and ZeRO-2). Each bucket's
-/// parameters become views of one flat, padded buffer, so that an all-gather
-/// fills them all at once. This rank's optimizer steps only its shard of each
-/// buffer, through one fragment per parameter: a flat alias of the part of
-/// the parameter in the shard, whose gradient aliases the bucket's reduced
-/// gradient shard. For an elementwise optimizer (SGD, Adam, AdamW and their
-/// fused kernels) stepping the fragments is stepping the parameters.
+/// The parameters of the sharded modes. Each bucket's parameters become views
+/// of one flat, padded buffer, so that an all-gather fills them all at once.
+/// This rank's optimizer steps only its shard of each buffer, through one
+/// fragment per parameter: a flat alias of the part of the parameter in the
+/// shard, whose gradient aliases the bucket's reduced gradient shard. For an
+/// elementwise optimizer (SGD, Adam, AdamW and their fused kernels) stepping
+/// the fragments is stepping the parameters.
+///
+/// A resident bucket (ZeRO-1 and 2, and kFull's parameters outside units)
+/// keeps its whole buffer, and the shard is its own part of it. A transient
+/// bucket (a kFull unit) keeps only the shard, as a tensor of its own; its
+/// buffer holds memory only from start_gather() to release(), while the
+/// parameters, views of it, keep their shapes throughout. Releasing swaps
+/// the storage's memory out instead of re-pointing the parameters, so the
+/// tensors autograd saved in forward see the memory of the next gather.
 class ShardedParameters {
  public:
   /// `plan`: buckets of indices into `parameters`, the reducer's. Copies the
@@ -29,8 +38,10 @@ class ShardedParameters {
   /// `gradient_shards`: whether the reducer reduces into gradient shards; if
   /// not (one rank, nothing to average), the fragments' gradients alias the
   /// parameters' own, as plain DDP leaves them on one rank.
+  /// `transient`: per bucket, whether it is transient (empty: none is);
+  /// transient buckets start gathered.
   ShardedParameters(std::vector<at::Tensor> parameters, const std::vector<std::vector<std::size_t>>& plan,
-                    Communicator& comm, bool gradient_shards);
+                    Communicator& comm, bool gradient_shards, const std::vector<std::uint8_t>& transient = {});
 
   const ShardLayout& layout(std::size_t bucket) const { return buckets_[bucket].layout; }
   /// This rank's part of the bucket's averaged gradient (kept between
@@ -47,11 +58,27 @@ class ShardedParameters {
 
   /// Before a forward: takes in parameters whose storage was replaced
   /// (Module::load), and, if an optimizer may have stepped the shards since
-  /// the last synchronised backward, all-gathers every buffer (the current
-  /// stream waits for the gathers on the device; the host does not). Without
-  /// gradient shards it drops the parameters' gradients then instead: the
-  /// step has consumed them, and the next backward must not add to them.
+  /// the last synchronised backward, all-gathers every resident buffer (the
+  /// current stream waits for the gathers on the device; the host does not).
+  /// Without gradient shards it drops the parameters' gradients then
+  /// instead: the step has consumed them, and the next backward must not add
+  /// to them. Transient buckets are left to start_gather(); release them
+  /// first, as their values may be stale.
   void gather();
+
+  std::size_t bucket_count() const { return buckets_.size(); }
+  bool transient(std::size_t bucket) const { return buckets_[bucket].transient; }
+  /// A transient bucket: allocates its buffer and starts all-gathering the
+  /// shards into it on the communicator's stream; nothing if it has memory.
+  /// Collective.
+  void start_gather(std::size_t bucket);
+  /// A transient bucket: orders the current stream after its gather
+  /// (started now if it was not), so kernels queued next see the parameters.
+  void finish_gather(std::size_t bucket);
+  /// A transient bucket: gives its buffer's memory back (the allocator
+  /// reuses it once the kernels queued so far are done with it).
+  void release(std::size_t bucket);
+  bool has_memory(std::size_t bucket) const { return buckets_[bucket].has_memory; }
 
   /// The fragments of `module_parameters` (trained parameters of the module),
   /// in their order; parameters with no part on this rank are left out, and
@@ -75,7 +102,11 @@ class ShardedParameters {
   /// lies in this rank's fragment of it, as a flat tensor on its device.
   at::Tensor part_of(std::size_t index, const at::Tensor& values) const;
 
-  std::int64_t buffer_bytes() const;          ///< The flat parameter buffers.
+  /// Parameter memory between iterations: resident buffers and transient shards.
+  std::int64_t buffer_bytes() const;
+  /// The most transient buffer memory held at once since restart_peak().
+  std::int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
+  void restart_peak() { peak_gathered_bytes_ = gathered_bytes_; }
   std::int64_t gradient_shard_bytes() const;  ///< The gradient shards (0 without).
   std::int64_t trained_elements() const;
   std::int64_t local_elements() const;        ///< In this rank's fragments.
@@ -93,6 +124,10 @@ class ShardedParameters {
     ShardLayout layout;
     at::Tensor buffer;          ///< padded_numel elements; the parameters are views of it.
     at::Tensor gradient_shard;  ///< shard_numel elements.
+    bool transient = false;
+    at::Tensor master;          ///< Transient: this rank's shard_numel elements, kept.
+    bool has_memory = true;     ///< Transient: the buffer is allocated (gathered or gathering).
+    std::shared_ptr<Work> gathering;  ///< The gather in flight, if one is.
   };
 
   /// Points parameter `slot` of `bucket` at its place in the buffer, first
@@ -111,6 +146,8 @@ class ShardedParameters {
   std::unordered_map<const c10::TensorImpl*, std::size_t> index_of_;       // parameter -> index into parameters_
   const bool gradient_shards_;
   bool gather_pending_ = false;
+  std::int64_t gathered_bytes_ = 0;       // transient buffers with memory now
+  std::int64_t peak_gathered_bytes_ = 0;
 };
 
 }  // namespace ddp::detail

@@ -1,4 +1,4 @@
-// Sharded data parallelism (ZeRO-1 and ZeRO-2) over Gloo, in real processes
+// Sharded data parallelism (ZeRO-1, 2 and 3) over Gloo, in real processes
 // of 2, 3 and 4 ranks: each mode reaches the parameters of plain DDP and of
 // one process on the whole batch, with AdamW, for models whose element
 // counts no world size divides.
@@ -53,7 +53,7 @@ TEST(ShardLayout, PadsToEqualAlignedShardsAndCutsParametersAtTheirBoundaries) {
 }
 
 TEST(ShardingNames, ParseAndPrint) {
-  for (Sharding s : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+  for (Sharding s : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
     EXPECT_EQ(ddp::parse_sharding(ddp::to_string(s)), s);
   }
   EXPECT_EQ(ddp::parse_sharding("Gradients"), Sharding::kGradients);
@@ -70,7 +70,7 @@ class ShardingGloo : public ::testing::TestWithParam<int> {};
 TEST_P(ShardingGloo, MlpInOneAndInManyBucketsMatchesPlainDdpAndOneProcess) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) {
     auto pg = init_gloo();
-    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients}) {
+    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
       ShardingScenario scenario;
       scenario.sharding = sharding;
       check_sharded_matches(*pg, scenario);
@@ -84,7 +84,7 @@ TEST_P(ShardingGloo, MlpInOneAndInManyBucketsMatchesPlainDdpAndOneProcess) {
 TEST_P(ShardingGloo, UnusedBranchTiedAndFrozenParametersMatch) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) {
     auto pg = init_gloo();
-    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients}) {
+    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
       ShardingScenario scenario;
       scenario.sharding = sharding;
       scenario.model = ShardedModel::kBranchy;
@@ -104,7 +104,7 @@ TEST_P(ShardingGloo, UnusedBranchTiedAndFrozenParametersMatch) {
 TEST_P(ShardingGloo, NoSyncAccumulationAndGlobalNormClippingMatch) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) {
     auto pg = init_gloo();
-    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients}) {
+    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
       ShardingScenario scenario;
       scenario.sharding = sharding;
       scenario.micro_steps = 3;
@@ -123,7 +123,65 @@ TEST_P(ShardingGloo, MemoryReportAndGradScalerAgreement) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) {
     auto pg = init_gloo();
     check_memory_report(*pg);
-    check_grad_scaler_agrees(*pg, Sharding::kGradients);
+    check_grad_scaler_agrees(*pg, Sharding::kFull);
+    check_units_gather_one_at_a_time(*pg);
+  }));
+}
+
+struct BranchImpl : torch::nn::Module {
+  torch::nn::Linear trunk = register_module("trunk", torch::nn::Linear(4, 4));
+  torch::nn::Linear side = register_module("side", torch::nn::Linear(4, 4));
+  torch::Tensor forward(torch::Tensor x, bool use_side) {
+    x = ddp::in_unit(*trunk, [&] { return trunk(x); });
+    return use_side ? ddp::in_unit(*side, [&] { return side(x); }) : x;
+  }
+};
+TORCH_MODULE(Branch);
+
+// kFull gathers units from autograd's hooks: a module that some ranks run
+// and others skip would leave the collectives in different orders, so it
+// is refused on every rank, by name, before the backward.
+TEST(ShardingFullGloo, UnitsUsedOnSomeRanksOnlyAreRefused) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_gloo();
+    ddp::DistributedDataParallel<Branch> model(
+        Branch(), pg,
+        ddp::DistributedDataParallelOptions().sharding(Sharding::kFull).shard_units({"*"}).find_unused_parameters(true));
+    try {
+      model(torch::ones({2, 4}), rank == 1).sum().backward();
+    } catch (const ddp::UsageError& e) {
+      require_contains(e.what(), "every rank must use the same parameters in an iteration, but some ranks left "
+                                 "unused what others used: side.weight, side.bias");
+      return;
+    }
+    throw std::runtime_error("a unit used on one rank only was accepted");
+  }));
+}
+
+// Each way of naming units wrongly is refused at construction or in the first
+// forward, with what to change.
+TEST(ShardingFullGlooOneRank, BadUnitsAreRefusedByName) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = init_gloo();
+    const auto refused = [&](const ddp::DistributedDataParallelOptions& options, const std::string& expected) {
+      try {
+        torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::Tanh(), torch::nn::Linear(4, 2));
+        ddp::DistributedDataParallel<torch::nn::Sequential> model(net, pg, options);
+        model(torch::ones({2, 4})).sum().backward();
+      } catch (const ddp::UsageError& e) {
+        require_contains(e.what(), expected);
+        return;
+      }
+      throw std::runtime_error("expected a UsageError containing '" + expected + "'");
+    };
+    const auto full = ddp::DistributedDataParallelOptions().sharding(Sharding::kFull);
+    refused(full, "Sharding::kFull needs units to gather one at a time");
+    refused(ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients).shard_units({"0"}),
+            "shard_units is set but sharding is gradients");
+    refused(ddp::DistributedDataParallelOptions(full).shard_units({"layers.*"}),
+            "shard_units pattern 'layers.*' matches no submodule of the model");
+    // Sequential's forward calls its modules directly, not through in_unit.
+    refused(ddp::DistributedDataParallelOptions(full).shard_units({"0", "2"}), "shard units 0, 2 ran outside ddp::in_unit");
   }));
 }
 
@@ -243,9 +301,10 @@ TEST(ShardingCheckpoint, ResumesInAnotherModeAtAnotherWorldSize) {
     int load_ranks;
     Sharding load_mode;
   };
-  const std::vector<Case> cases{{2, Sharding::kOptimizer, 3, Sharding::kGradients},
+  const std::vector<Case> cases{{2, Sharding::kOptimizer, 3, Sharding::kFull},
                                 {3, Sharding::kNone, 4, Sharding::kOptimizer},
-                                {4, Sharding::kGradients, 1, Sharding::kNone}};
+                                {4, Sharding::kFull, 1, Sharding::kNone},
+                                {1, Sharding::kGradients, 2, Sharding::kGradients}};
   // A rank process runs this test from the top and takes the first
   // run_ranks() it meets, so one body serves both phases, told by the environment.
   const auto body = [&](int) {

@@ -130,17 +130,17 @@ TEST(LlamaExample, AKilledRunWithAccumulationAndClippingResumesExactly) {
   expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--grad-accum", "2", "--clip-grad-norm", "1.0"}), 8, 5, 3);
 }
 
-TEST(LlamaExample, AKilledZero2RunResumesExactly) {
-  expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--sharding", "gradients", "--clip-grad-norm", "1.0"}), 6, 3, 2);
+TEST(LlamaExample, AKilledZero3RunResumesExactly) {
+  expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--sharding", "full", "--clip-grad-norm", "1.0"}), 6, 3, 2);
 }
 
-// ZeRO-1 and ZeRO-2 train the same model as plain DDP, step for step, with
+// ZeRO-1, 2 and 3 train the same model as plain DDP, step for step, with
 // accumulation and clipping by the global norm; each prints its memory report.
 TEST(LlamaExample, ShardedModesTrainAsPlainDdp) {
   ScratchDir scratch;
   const auto base = with(kLlama, {"--steps", "6", "--grad-accum", "2", "--clip-grad-norm", "0.5"});
   std::map<std::string, std::map<int, double>> by_mode;
-  for (const std::string mode : {"none", "optimizer", "gradients"}) {
+  for (const std::string mode : {"none", "optimizer", "gradients", "full"}) {
     const std::string metrics = scratch.path() + "/" + mode + ".jsonl";
     const auto result = train(TRAIN_LLAMA, with(base, {"--sharding", mode, "--metrics", metrics}), scratch);
     ASSERT_EQ(result.exit_code, 0) << result.output;
@@ -149,7 +149,7 @@ TEST(LlamaExample, ShardedModesTrainAsPlainDdp) {
     by_mode[mode] = losses(metrics);
     ASSERT_EQ(by_mode[mode].size(), 6u) << result.output;
   }
-  for (const std::string mode : {"optimizer", "gradients"}) {
+  for (const std::string mode : {"optimizer", "gradients", "full"}) {
     for (const auto& [step, loss] : by_mode["none"]) {
       EXPECT_NEAR(by_mode[mode].at(step), loss, 1e-5 * std::max(1.0, std::abs(loss))) << mode << ", step " << step;
     }

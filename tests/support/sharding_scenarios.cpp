@@ -34,10 +34,14 @@ struct NetImpl : torch::nn::Module {
     if (kind == ShardedModel::kFrozen) trunk->weight.requires_grad_(false);
   }
 
+  // Sharding::kFull gathers the modules shard_units names, here the embed,
+  // trunk and head, inside in_unit; in the other modes in_unit just runs them.
   torch::Tensor forward(torch::Tensor x, bool use_side) {
-    if (embed) x = torch::nn::functional::linear(torch::tanh(embed(x)), tied->weight);
-    x = torch::tanh(trunk(x));
-    torch::Tensor out = head(x);
+    if (embed) {
+      x = torch::nn::functional::linear(torch::tanh(ddp::in_unit(*embed, [&] { return embed(x); })), tied->weight);
+    }
+    x = torch::tanh(ddp::in_unit(*trunk, [&] { return trunk(x); }));
+    torch::Tensor out = ddp::in_unit(*head, [&] { return head(x); });
     if (use_side && side) out = out + side(x);
     return out;
   }
@@ -87,14 +91,28 @@ struct Batch {
   bool use_side;
 };
 
-Batch make_batch(ShardedModel kind, int step, int micro, int rank, const c10::Device& device) {
+/// `apart`: whether ranks may take the side branch apart (not in kFull,
+/// where every rank must use the same parameters).
+Batch make_batch(ShardedModel kind, int step, int micro, int rank, const c10::Device& device, bool apart = true) {
   torch::manual_seed(10000 * step + 100 * micro + rank);
   Batch batch{torch::randn({kBatch, 16}).to(device), torch::randn({kBatch, 4}).to(device), false};
-  batch.use_side = kind == ShardedModel::kBranchy && (step + rank) % 3 == 0;  // some steps no rank uses it
+  // Some steps no rank uses it.
+  batch.use_side = kind == ShardedModel::kBranchy && (step + (apart ? rank : 0)) % 3 == 0;
   return batch;
 }
 
 std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
+
+/// `options` in `sharding`; kFull makes units of the embed (whose weight,
+/// tied to a module outside it, stays gathered), the trunk and the head.
+/// The side branch, which ranks take apart, stays outside units.
+DistributedDataParallelOptions in_mode(DistributedDataParallelOptions options, Sharding sharding,
+                                       ShardedModel kind = ShardedModel::kMlp) {
+  std::vector<std::string> units;
+  if (sharding == Sharding::kFull) units = {"trunk", "head"};
+  if (sharding == Sharding::kFull && kind == ShardedModel::kTied) units.push_back("embed");
+  return options.sharding(sharding).shard_units(units);
+}
 
 double max_difference(torch::nn::Module& got, torch::nn::Module& expected, const std::string& what,
                       double tolerance) {
@@ -118,9 +136,9 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
   auto options = scenario.options;
   // Each rank starts from different weights: DDP must copy rank 0's.
   DistributedDataParallel<Net> sharded(make_net(scenario, 100 + pg.rank(), device), borrow(pg),
-                                       DistributedDataParallelOptions(options).sharding(scenario.sharding));
+                                       in_mode(options, scenario.sharding, scenario.model));
   DistributedDataParallel<Net> plain(make_net(scenario, 200 + pg.rank(), device), borrow(pg),
-                                     DistributedDataParallelOptions(options).sharding(Sharding::kNone));
+                                     in_mode(options, Sharding::kNone, scenario.model));
   {
     torch::NoGradGuard no_grad;  // plain starts from sharded's weights
     auto source = sharded.module()->named_parameters();
@@ -138,7 +156,8 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
     plain_optimizer->zero_grad();
     reference_optimizer->zero_grad();
     for (int micro = 0; micro < scenario.micro_steps; ++micro) {
-      const Batch batch = make_batch(scenario.model, step, micro, pg.rank(), device);
+      const bool apart = scenario.sharding != Sharding::kFull;
+      const Batch batch = make_batch(scenario.model, step, micro, pg.rank(), device, apart);
       for (auto* model : {&sharded, &plain}) {
         auto run = [&] {
           (torch::mse_loss((*model)(batch.input, batch.use_side), batch.target) / scenario.micro_steps).backward();
@@ -151,7 +170,7 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
         }
       }
       for (int r = 0; r < world; ++r) {
-        const Batch other = make_batch(scenario.model, step, micro, r, device);
+        const Batch other = make_batch(scenario.model, step, micro, r, device, apart);
         (torch::mse_loss(reference(other.input, other.use_side), other.target) / (scenario.micro_steps * world))
             .backward();
       }
@@ -179,7 +198,7 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
 }
 
 void check_every_mode_on_one_rank(ProcessGroup& pg, bool fused) {
-  for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients}) {
+  for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
     ShardingScenario scenario;
     scenario.sharding = sharding;
     scenario.fused_optimizer = fused;
@@ -199,12 +218,12 @@ void check_memory_report(ProcessGroup& pg) {
   const auto expect = [](bool condition, const std::string& what, const MemoryReport& report) {
     require(condition, what + ": " + report.to_string());
   };
-  for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+  for (Sharding sharding : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
     ShardingScenario scenario;
     scenario.width = 301;  // 6k parameters in several buckets
     DistributedDataParallel<Net> model(
         make_net(scenario, 1, pg.device()), borrow(pg),
-        DistributedDataParallelOptions().sharding(sharding).bucket_cap_mb(0.004).first_bucket_cap_mb(0.004));
+        in_mode(DistributedDataParallelOptions().bucket_cap_mb(0.004).first_bucket_cap_mb(0.004), sharding));
     auto optimizer = make_adamw(*model.module(), [&](const auto& p) { return model.local_parameters(p); });
     optimizer->zero_grad();
     const Batch batch = make_batch(scenario.model, 0, 0, pg.rank(), pg.device());
@@ -229,16 +248,83 @@ void check_memory_report(ProcessGroup& pg) {
     expect(report.optimizer_elements <= (total + slack) / world && report.optimizer_elements >= total / world - slack,
            "optimizer elements at 1/N", report);
     const std::int64_t shard_bytes = (total + report.padding_elements) / world * 4;
-    expect(report.parameter_bytes == full_bytes + report.padding_elements * 4, "parameters whole", report);
+    const std::int64_t padded_bytes = full_bytes + report.padding_elements * 4;
+    if (sharding == Sharding::kFull) {
+      // Both layers are units: between iterations only their shards remain.
+      expect(report.parameter_bytes == shard_bytes, "parameters at 1/N", report);
+      expect(report.peak_gathered_bytes > 0 && report.peak_gathered_bytes <= padded_bytes, "gathered units", report);
+    } else {
+      expect(report.parameter_bytes == padded_bytes, "parameters whole", report);
+      expect(report.peak_gathered_bytes == 0, "nothing gathered per unit", report);
+    }
     if (world == 1) {
       expect(report.gradient_bytes == full_bytes, "one rank: the module's own gradients, as plain DDP", report);
-    } else if (sharding == Sharding::kGradients) {
+    } else if (sharding != Sharding::kOptimizer) {
       expect(report.gradient_bytes == shard_bytes, "gradients at 1/N", report);
     } else {
       expect(report.gradient_bytes == shard_bytes + full_bytes + report.padding_elements * 4,
              "full gradient buckets and a shard", report);
     }
   }
+}
+
+namespace {
+
+/// Six equal layers, each a unit of Sharding::kFull.
+struct StackImpl : torch::nn::Module {
+  StackImpl() {
+    for (int i = 0; i < 6; ++i) layers->push_back(torch::nn::Linear(32, 32));
+    register_module("layers", layers);
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (const auto& layer : *layers) {
+      x = torch::tanh(ddp::in_unit(*layer, [&] { return layer->as<torch::nn::Linear>()->forward(x); }));
+    }
+    return x;
+  }
+  torch::nn::ModuleList layers;
+};
+TORCH_MODULE(Stack);
+
+}  // namespace
+
+void check_units_gather_one_at_a_time(ProcessGroup& pg) {
+  const c10::Device device = pg.device();
+  const auto make = [&](std::uint64_t seed) {
+    torch::manual_seed(seed);
+    Stack stack;
+    stack->to(device);
+    return stack;
+  };
+  DistributedDataParallel<Stack> full(make(1 + pg.rank()), borrow(pg),
+                                      DistributedDataParallelOptions().sharding(Sharding::kFull).shard_units({"layers.*"}));
+  Stack reference = make(1);
+  // SGD: AdamW's normalised step would turn the ranks' different fp32 sum
+  // orders into differences of up to its learning rate in near-zero gradients.
+  auto optimizer = std::make_unique<torch::optim::SGD>(full.local_parameters(full.module()->parameters()),
+                                                       torch::optim::SGDOptions(0.1));
+  auto reference_optimizer = std::make_unique<torch::optim::SGD>(reference->parameters(), torch::optim::SGDOptions(0.1));
+  const auto batch = [&](int step, int rank) {
+    torch::manual_seed(700 + 10 * step + rank);
+    return torch::randn({kBatch, 32}).to(device);
+  };
+  for (int step = 0; step < 3; ++step) {
+    optimizer->zero_grad();
+    reference_optimizer->zero_grad();
+    full(batch(step, pg.rank())).pow(2).mean().backward();
+    for (int r = 0; r < pg.world_size(); ++r) (reference(batch(step, r)).pow(2).mean() / pg.world_size()).backward();
+    optimizer->step();
+    reference_optimizer->step();
+  }
+  const MemoryReport report = full.memory_report(optimizer.get());
+  const std::int64_t unit_bytes = (32 * 32 + 32 + report.padding_elements / 6) * 4;
+  // The unit running and the next, prefetched: in forward the one before is
+  // freed as the next starts; in backward once its gradients are all in.
+  require(report.peak_gathered_bytes >= unit_bytes && report.peak_gathered_bytes <= 2 * unit_bytes,
+          "at most two of six units gathered at once: " + std::to_string(report.peak_gathered_bytes) + " bytes, " +
+              std::to_string(unit_bytes) + " per unit");
+  full.gather_parameters();
+  max_difference(*full.module(), *reference, "full sharding of a stack against one process", 1e-6);
 }
 
 namespace {
@@ -264,7 +350,7 @@ Trained make_trained(ProcessGroup& pg, Sharding sharding) {
   Trained trained;
   trained.model = std::make_unique<DistributedDataParallel<Net>>(
       make_net(scenario, 7, pg.device()), borrow(pg),
-      DistributedDataParallelOptions().sharding(sharding).bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005));
+      in_mode(DistributedDataParallelOptions().bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005), sharding));
   // On a GPU the fused kernel keeps the state (FusedAdamW's is AdamW's).
   trained.optimizer = make_adamw(
       *trained.model->module(), [&](const auto& p) { return trained.model->local_parameters(p); },
@@ -324,7 +410,7 @@ void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const 
 void check_grad_scaler_agrees(ProcessGroup& pg, Sharding sharding) {
   ShardingScenario scenario;
   DistributedDataParallel<Net> model(make_net(scenario, 1, pg.device()), borrow(pg),
-                                     DistributedDataParallelOptions().sharding(sharding));
+                                     in_mode(DistributedDataParallelOptions(), sharding));
   auto optimizer = make_adamw(*model.module(), [&](const auto& p) { return model.local_parameters(p); });
   GradScaler scaler(GradScalerOptions().init_scale(256), borrow(pg));
   for (int step = 0; step < 3; ++step) {
@@ -336,6 +422,7 @@ void check_grad_scaler_agrees(ProcessGroup& pg, Sharding sharding) {
       torch::NoGradGuard no_grad;
       model.parameters().front().grad()[0] = std::numeric_limits<float>::infinity();
     }
+    model.gather_parameters();  // kFull frees units' parameters after backward
     const auto before = model.module()->head->weight.clone();
     const bool stepped = scaler.step(*optimizer);
     scaler.update();

@@ -1,6 +1,6 @@
 #pragma once
 
-// Sharded data parallelism (ZeRO-1/2) against plain DDP and one process, on
+// Sharded data parallelism (ZeRO-1, 2 and 3) against plain DDP and one process, on
 // any backend. Each rank trains three models side by side on the same
 // batches with AdamW: DDP in the scenario's sharding mode, plain DDP, and a
 // single-process reference that accumulates the gradients of every rank's
@@ -46,6 +46,10 @@ void check_every_mode_on_one_rank(ProcessGroup& pg, bool fused);
 /// memory_report() of each mode: the optimizer's elements and state, and in
 /// kGradients the gradients, are 1/N of the model's (padding aside).
 void check_memory_report(ProcessGroup& pg);
+
+/// Sharding::kFull over six equal layers, each a unit: trains as one
+/// process, and holds at most two units gathered at once.
+void check_units_gather_one_at_a_time(ProcessGroup& pg);
 
 /// Checkpoints across modes and world sizes. Every step's global batch is 12
 /// samples, split evenly over the ranks (1, 2, 3 or 4), so a run at any world
