@@ -6,8 +6,8 @@
 # STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes
 #   fp8_throughput fused_kernels sharding examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
-# SHARDING_PRESETS (default tinyllama-1.1b), SHARDING_PRECISIONS (default bf16 fp8) and SHARDING_ROUNDS
-# (default 2) the sharding step's;
+# SHARDING_PRESETS (default tinyllama-1.1b), SHARDING_PRECISIONS (default bf16 fp8), SHARDING_MODES (default
+# none optimizer gradients full) and SHARDING_ROUNDS (default 2) the sharding step's;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [STEP...]}
@@ -87,14 +87,14 @@ fused_kernels() {
 step fused_kernels fused_kernels
 # LLaMA on one GPU in each sharding mode, alternating for SHARDING_ROUNDS rounds, so
 # that each mode's cost against plain DDP comes from one machine and minute; then
-# a short ZeRO-2 training run of the small decoder on every GPU (the loss must fall).
+# a short ZeRO-3 training run of the small decoder on every GPU (the loss must fall).
 sharding() {
   local preset precision round mode rc=0
   : > "$out/sharding-throughput.jsonl"
   for preset in ${SHARDING_PRESETS:-tinyllama-1.1b}; do
     for precision in ${SHARDING_PRECISIONS:-bf16 fp8}; do
       for ((round = 0; round < ${SHARDING_ROUNDS:-2}; ++round)); do
-        for mode in none optimizer gradients; do
+        for mode in ${SHARDING_MODES:-none optimizer gradients full}; do
           # shellcheck disable=SC2086
           build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench \
             --model llama --preset $preset $([[ $preset == llama2-7b ]] && echo --batch 1) --precision $precision \
@@ -104,7 +104,7 @@ sharding() {
     done
   done
   build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/llama/train_llama --preset tiny \
-    --sharding gradients --steps 100 --log-every 20 --eval-batches 2 --metrics "$out/sharding-train-tiny.jsonl" || rc=1
+    --sharding full --steps 100 --log-every 20 --eval-batches 2 --metrics "$out/sharding-train-tiny.jsonl" || rc=1
   return $rc
 }
 step sharding sharding
