@@ -24,7 +24,8 @@ enum class Sharding {
   /// unit (a module named by DistributedDataParallelOptions::shard_units)
   /// are held whole only while the unit runs, in forward and in backward;
   /// between iterations a rank holds 1/N of them. The model's forward calls
-  /// each unit through ddp::in_unit.
+  /// each unit through ddp::in_unit. On one rank, where a shard is the whole
+  /// unit, units stay whole (FSDP's NO_SHARD there).
   kFull,
 };
 

@@ -162,7 +162,7 @@ void ShardedParameters::finish_gather(std::size_t index) {
 
 void ShardedParameters::release(std::size_t index) {
   Bucket& bucket = buckets_[index];
-  if (!bucket.has_memory) return;
+  if (!bucket.transient || !bucket.has_memory) return;
   // A gather still in flight keeps its memory: the communicator recorded its
   // stream on it, so the allocator hands it out again only after the gather.
   bucket.gathering.reset();

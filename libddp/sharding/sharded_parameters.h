@@ -76,7 +76,8 @@ class ShardedParameters {
   /// (started now if it was not), so kernels queued next see the parameters.
   void finish_gather(std::size_t bucket);
   /// A transient bucket: gives its buffer's memory back (the allocator
-  /// reuses it once the kernels queued so far are done with it).
+  /// reuses it once the kernels queued so far are done with it). Nothing
+  /// for a resident one.
   void release(std::size_t bucket);
   bool has_memory(std::size_t bucket) const { return buckets_[bucket].has_memory; }
 

@@ -249,11 +249,12 @@ void check_memory_report(ProcessGroup& pg) {
            "optimizer elements at 1/N", report);
     const std::int64_t shard_bytes = (total + report.padding_elements) / world * 4;
     const std::int64_t padded_bytes = full_bytes + report.padding_elements * 4;
-    if (sharding == Sharding::kFull) {
+    if (sharding == Sharding::kFull && world > 1) {
       // Both layers are units: between iterations only their shards remain.
       expect(report.parameter_bytes == shard_bytes, "parameters at 1/N", report);
       expect(report.peak_gathered_bytes > 0 && report.peak_gathered_bytes <= padded_bytes, "gathered units", report);
     } else {
+      // On one rank kFull keeps its units whole: a shard is the whole unit.
       expect(report.parameter_bytes == padded_bytes, "parameters whole", report);
       expect(report.peak_gathered_bytes == 0, "nothing gathered per unit", report);
     }
