@@ -41,7 +41,7 @@ TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
 TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_nccl();
-    for (ddp::Sharding sharding : {ddp::Sharding::kOptimizer, ddp::Sharding::kGradients}) {
+    for (ddp::Sharding sharding : {ddp::Sharding::kOptimizer, ddp::Sharding::kGradients, ddp::Sharding::kFull}) {
       ShardingScenario scenario;
       scenario.sharding = sharding;
       scenario.fused_optimizer = true;
@@ -62,7 +62,8 @@ TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
       check_sharded_matches(*pg, scenario);
     }
     check_memory_report(*pg);
-    check_grad_scaler_agrees(*pg, ddp::Sharding::kGradients);
+    check_grad_scaler_agrees(*pg, ddp::Sharding::kFull);
+    check_units_gather_one_at_a_time(*pg);
   }));
 }
 
