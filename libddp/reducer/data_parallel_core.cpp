@@ -172,9 +172,14 @@ void DataParallelCore::before_forward() {
 
 void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
   if (units_) {
+    if (outputs.empty() && at::GradMode::is_enabled()) {
+      throw UsageError("libddp: with Sharding::kFull the module's forward must return its output as a tensor, or a "
+                       "vector, tuple or pair of them, so that the units it used can be checked; return the tensors "
+                       "and build other types from them outside the wrapped module");
+    }
     // The first time the graph can be seen, whether every unit it uses ran through in_unit.
     std::vector<std::uint8_t> used;
-    const bool check = !units_->checked() && at::GradMode::is_enabled() && !outputs.empty();
+    const bool check = !units_->checked() && at::GradMode::is_enabled();
     if (check) used = reducer_->used_by(outputs);
     units_->after_forward(check ? &used : nullptr);
   }

@@ -163,8 +163,10 @@ void ShardedParameters::finish_gather(std::size_t index) {
 void ShardedParameters::release(std::size_t index) {
   Bucket& bucket = buckets_[index];
   if (!bucket.transient || !bucket.has_memory) return;
-  // A gather still in flight keeps its memory: the communicator recorded its
-  // stream on it, so the allocator hands it out again only after the gather.
+  // A prefetch that was not used may still be in flight. NCCL recorded its
+  // stream on the memory, but Gloo copies into it from a worker thread at
+  // the end: wait for it (on the device for NCCL, on the host for Gloo).
+  if (bucket.gathering) bucket.gathering->wait_stream();
   bucket.gathering.reset();
   gathered_bytes_ -= bucket.buffer.nbytes();
   c10::StorageImpl* storage = bucket.buffer.storage().unsafeGetStorageImpl();

@@ -40,7 +40,8 @@ UnitSchedule::UnitSchedule(std::shared_ptr<ShardedParameters> sharded, ShardUnit
       trained_count_(units_.names.size(), 0),
       position_(units_.names.size(), -1),
       pending_(units_.names.size(), 0),
-      entered_(units_.names.size(), 0) {
+      entered_(units_.names.size(), 0),
+      unseen_outputs_(units_.names.size(), 0) {
   for (int unit : units_.unit_of_parameter) {
     if (unit >= 0) ++trained_count_[unit];
   }
@@ -86,6 +87,7 @@ void UnitSchedule::before_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   order_.clear();
   std::fill(entered_.begin(), entered_.end(), 0);
+  std::fill(unseen_outputs_.begin(), unseen_outputs_.end(), 0);
   pending_ = trained_count_;
   if (checked_) {
     release_all();
@@ -130,8 +132,11 @@ void UnitSchedule::after_forward(const std::vector<std::uint8_t>* used) {
         fmt::join(outside, ", ")));
   }
   checked_ = true;
-  // From here on units are gathered as they run: backward gathers each again.
-  release_all();
+  // From here on units are gathered as they run: backward gathers each again,
+  // but for those whose outputs leave no hook to do it.
+  for (std::size_t unit = 0; unit < units_.names.size(); ++unit) {
+    if (!(entered_[unit] && unseen_outputs_[unit])) sharded_->release(bucket_of_unit_[unit]);
+  }
   sharded_->restart_peak();  // what training holds, not the check's one-off gather
 }
 
@@ -150,7 +155,8 @@ void UnitSchedule::leave(std::size_t unit, const std::vector<at::Tensor>& output
   bool backward_comes = false;
   if (at::GradMode::is_enabled()) {
     for (const at::Tensor& output : outputs) {
-      if (!output.defined() || !output.requires_grad()) continue;
+      // A leaf (a parameter returned as is) has no backward of the unit to precede.
+      if (!output.defined() || !output.requires_grad() || output.is_leaf()) continue;
       backward_comes = true;
       output.register_hook([weak, unit](const auto&) {
         if (auto self = weak.lock()) self->backward_enter(unit);
@@ -158,10 +164,11 @@ void UnitSchedule::leave(std::size_t unit, const std::vector<at::Tensor>& output
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!checked_) return;  // the first forward keeps every unit until after_forward()
   // Outputs it cannot see (a type in_unit does not know) leave no hook to
   // gather the unit again: keep it until the backward has run.
-  if (outputs.empty() && at::GradMode::is_enabled()) return;
+  unseen_outputs_[unit] = outputs.empty() && at::GradMode::is_enabled();
+  if (!checked_) return;  // the first forward keeps every unit until after_forward()
+  if (unseen_outputs_[unit]) return;
   // The unit whose forward came last is the first backward needs.
   const bool last = position_[unit] >= 0 && neighbour(unit, +1) < 0;
   if (backward_comes && last) return;

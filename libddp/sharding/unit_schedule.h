@@ -75,6 +75,7 @@ class UnitSchedule : public std::enable_shared_from_this<UnitSchedule> {
   std::vector<std::size_t> order_;        // of this forward
   std::vector<std::size_t> pending_;      // per unit, gradients not yet accumulated in this backward
   std::vector<std::uint8_t> entered_;     // per unit, in this forward
+  std::vector<std::uint8_t> unseen_outputs_;  // per unit, in this forward: left with outputs in_unit cannot see
 };
 
 }  // namespace ddp::detail

@@ -138,6 +138,61 @@ struct BranchImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branch);
 
+/// A unit whose forward returns a type in_unit cannot see into, and a model
+/// that returns one: the unit must stay gathered until its backward.
+struct Wrapped {
+  torch::Tensor value;
+};
+struct OpaqueImpl : torch::nn::Module {
+  torch::nn::Linear first = register_module("first", torch::nn::Linear(8, 8));
+  torch::nn::Linear second = register_module("second", torch::nn::Linear(8, 8));
+  // The unit's input requires a gradient, so its backward reads its weight.
+  torch::Tensor forward(torch::Tensor x) {
+    const torch::Tensor h = torch::tanh(second(x));
+    return torch::tanh(ddp::in_unit(*first, [&] { return Wrapped{first(h)}; }).value);
+  }
+};
+TORCH_MODULE(Opaque);
+
+struct OpaqueOutputImpl : torch::nn::Module {
+  torch::nn::Linear layer = register_module("layer", torch::nn::Linear(8, 8));
+  Wrapped forward(torch::Tensor x) { return {ddp::in_unit(*layer, [&] { return layer(x); })}; }
+};
+TORCH_MODULE(OpaqueOutput);
+
+TEST(ShardingFullGloo, AUnitWithOutputsInUnitCannotSeeStaysGatheredForItsBackward) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_gloo();
+    const auto make = [] {
+      torch::manual_seed(5);
+      return Opaque();
+    };
+    ddp::DistributedDataParallel<Opaque> model(
+        // One unit: no other unit's backward prefetches it.
+        make(), pg, ddp::DistributedDataParallelOptions().sharding(Sharding::kFull).shard_units({"first"}));
+    Opaque reference = make();
+    torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1));
+    const auto batch = [](int step, int r) {
+      torch::manual_seed(40 + 10 * step + r);
+      return torch::randn({4, 8});
+    };
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      reference_optimizer.zero_grad();
+      model(batch(step, rank)).pow(2).mean().backward();
+      for (int r = 0; r < 2; ++r) (reference(batch(step, r)).pow(2).mean() / 2).backward();
+      optimizer.step();
+      reference_optimizer.step();
+    }
+    model.gather_parameters();
+    for (const auto& item : reference->named_parameters()) {
+      const double diff = (model.module()->named_parameters()[item.key()] - item.value()).abs().max().item<double>();
+      require(diff <= 1e-6, item.key() + " differs from one process by " + std::to_string(diff));
+    }
+  }));
+}
+
 // kFull gathers units from autograd's hooks: a module that some ranks run
 // and others skip would leave the collectives in different orders, so it
 // is refused on every rank, by name, before the backward.
@@ -182,6 +237,16 @@ TEST(ShardingFullGlooOneRank, BadUnitsAreRefusedByName) {
             "shard_units pattern 'layers.*' matches no submodule of the model");
     // Sequential's forward calls its modules directly, not through in_unit.
     refused(ddp::DistributedDataParallelOptions(full).shard_units({"0", "2"}), "shard units 0, 2 ran outside ddp::in_unit");
+    // A model output the wrapper cannot see into leaves the units unchecked.
+    try {
+      ddp::DistributedDataParallel<OpaqueOutput> model(OpaqueOutput(), pg,
+                                                       ddp::DistributedDataParallelOptions(full).shard_units({"layer"}));
+      model(torch::ones({2, 8}));
+    } catch (const ddp::UsageError& e) {
+      require_contains(e.what(), "the module's forward must return its output as a tensor");
+      return;
+    }
+    throw std::runtime_error("a model output with no visible tensors was accepted under kFull");
   }));
 }
 

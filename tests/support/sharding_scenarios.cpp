@@ -34,15 +34,15 @@ struct NetImpl : torch::nn::Module {
     if (kind == ShardedModel::kFrozen) trunk->weight.requires_grad_(false);
   }
 
-  // Sharding::kFull gathers the modules shard_units names, here the embed,
-  // trunk and head, inside in_unit; in the other modes in_unit just runs them.
+  // Sharding::kFull gathers the modules shard_units names inside in_unit;
+  // in the other modes in_unit just runs them.
   torch::Tensor forward(torch::Tensor x, bool use_side) {
     if (embed) {
       x = torch::nn::functional::linear(torch::tanh(ddp::in_unit(*embed, [&] { return embed(x); })), tied->weight);
     }
     x = torch::tanh(ddp::in_unit(*trunk, [&] { return trunk(x); }));
     torch::Tensor out = ddp::in_unit(*head, [&] { return head(x); });
-    if (use_side && side) out = out + side(x);
+    if (use_side && side) out = out + ddp::in_unit(*side, [&] { return side(x); });
     return out;
   }
 
@@ -104,13 +104,15 @@ Batch make_batch(ShardedModel kind, int step, int micro, int rank, const c10::De
 std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](ProcessGroup*) {}}; }
 
 /// `options` in `sharding`; kFull makes units of the embed (whose weight,
-/// tied to a module outside it, stays gathered), the trunk and the head.
-/// The side branch, which ranks take apart, stays outside units.
+/// tied to a module outside it, stays gathered), the trunk, the head and the
+/// side branch, which then runs on some steps only (on every rank alike):
+/// the head's prefetch of it goes unused.
 DistributedDataParallelOptions in_mode(DistributedDataParallelOptions options, Sharding sharding,
                                        ShardedModel kind = ShardedModel::kMlp) {
   std::vector<std::string> units;
   if (sharding == Sharding::kFull) units = {"trunk", "head"};
   if (sharding == Sharding::kFull && kind == ShardedModel::kTied) units.push_back("embed");
+  if (sharding == Sharding::kFull && kind == ShardedModel::kBranchy) units.push_back("side");
   return options.sharding(sharding).shard_units(units);
 }
 
