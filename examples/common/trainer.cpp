@@ -56,10 +56,9 @@ TrainerOptions trainer_options(const Flags& flags) {
 }
 
 Trainer::Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::PrecisionPolicy& policy,
-                 torch::nn::Module& model, torch::optim::Optimizer& optimizer, TrainerOptions options)
+                 torch::optim::Optimizer& optimizer, TrainerOptions options)
     : process_group_(std::move(process_group)),
       policy_(policy),
-      model_(model),
       optimizer_(optimizer),
       options_(std::move(options)),
       scaler_(ddp::GradScaler::for_policy(policy, process_group_)) {}
@@ -69,8 +68,7 @@ void Trainer::save(const TrainingCallbacks& callbacks, std::int64_t step) {
   state.step = step;
   state.data_position = callbacks.data_position();
   state.fingerprint = options_.fingerprint;
-  save_training_checkpoint(*process_group_, options_.checkpoint, model_, callbacks.optimizer_checkpointing, scaler_,
-                           state);
+  save_training_checkpoint(*process_group_, options_.checkpoint, callbacks.model_checkpointing, scaler_, state);
 }
 
 double Trainer::run(const TrainingCallbacks& callbacks) {
@@ -83,8 +81,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
     TrainingState state;
     state.fingerprint = options_.fingerprint;
-    load_training_checkpoint(*process_group_, options_.checkpoint, model_, callbacks.optimizer_checkpointing, scaler_,
-                             state);
+    load_training_checkpoint(*process_group_, options_.checkpoint, callbacks.model_checkpointing, scaler_, state);
     callbacks.seek_data(state.data_position);
     step = state.step;
     progress.note(fmt::format("resumed from {} at step {}", options_.checkpoint, step));

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <ddp/grad_scaler.h>
@@ -61,8 +60,8 @@ struct TrainingCallbacks {
   /// Clips the gradients the optimizer steps to a norm over the whole model
   /// (ddp::clip_grad_norm_: with sharding each rank holds only part of them).
   std::function<void(double max_norm)> clip_grad_norm;
-  /// The optimizer's state in checkpoints (optimizer_checkpointing()).
-  OptimizerCheckpointing optimizer_checkpointing;
+  /// The module and the optimizer's state in checkpoints (model_checkpointing()).
+  ModelCheckpointing model_checkpointing;
   /// Optional: evaluates the model and returns a line to print (rank 0) and
   /// a JSON object body for the metrics log.
   std::function<std::pair<std::string, std::string>()> evaluate;
@@ -71,7 +70,7 @@ struct TrainingCallbacks {
 class Trainer {
  public:
   Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::PrecisionPolicy& policy,
-          torch::nn::Module& model, torch::optim::Optimizer& optimizer, TrainerOptions options);
+          torch::optim::Optimizer& optimizer, TrainerOptions options);
 
   /// Trains until options.steps, resuming first when asked. Returns the loss
   /// of the last step, averaged over ranks.
@@ -82,7 +81,6 @@ class Trainer {
 
   std::shared_ptr<ddp::ProcessGroup> process_group_;
   ddp::PrecisionPolicy policy_;
-  torch::nn::Module& model_;
   torch::optim::Optimizer& optimizer_;
   TrainerOptions options_;
   ddp::GradScaler scaler_;

@@ -46,16 +46,16 @@ c10::IValue read(torch::serialize::InputArchive& archive, const std::string& pat
 
 }  // namespace
 
-void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, torch::nn::Module& model,
-                              const OptimizerCheckpointing& optimizer, const ddp::GradScaler& scaler,
+void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
+                              const ModelCheckpointing& model, const ddp::GradScaler& scaler,
                               const TrainingState& state) {
   // Generator states have the same size on every rank (same generator kinds).
   const at::Tensor mine = generator_state(process_group.device()).to(process_group.device());
   at::Tensor all = at::empty({process_group.world_size() * mine.numel()}, mine.options());
   process_group.communicator().all_gather(all, mine)->wait();
   const at::Tensor all_on_host = all.cpu().view({process_group.world_size(), -1});
-  torch::serialize::OutputArchive optimizer_archive;
-  optimizer.save(optimizer_archive);
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  model.save(model_archive, optimizer_archive);
 
   ddp::checkpoint::save_on_rank0(process_group, path, [&](torch::serialize::OutputArchive& archive) {
     archive.write("format_version", c10::IValue(kFormatVersion));
@@ -63,8 +63,7 @@ void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::strin
     archive.write("step", c10::IValue(state.step));
     archive.write("data_position", c10::IValue(state.data_position));
     archive.write("generator_states", all_on_host);
-    torch::serialize::OutputArchive model_archive, scaler_archive;
-    model.save(model_archive);
+    torch::serialize::OutputArchive scaler_archive;
     scaler.save(scaler_archive);
     archive.write("model", model_archive);
     archive.write("optimizer", optimizer_archive);
@@ -72,8 +71,8 @@ void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::strin
   });
 }
 
-void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, torch::nn::Module& model,
-                              const OptimizerCheckpointing& optimizer, ddp::GradScaler& scaler, TrainingState& state) {
+void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
+                              const ModelCheckpointing& model, ddp::GradScaler& scaler, TrainingState& state) {
   torch::serialize::InputArchive archive;
   ddp::checkpoint::load(archive, path);
   const std::int64_t version = read(archive, path, "format_version").toInt();
@@ -97,8 +96,7 @@ void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::strin
   archive.read("model", model_archive);
   archive.read("optimizer", optimizer_archive);
   archive.read("scaler", scaler_archive);
-  model.load(model_archive);
-  optimizer.load(optimizer_archive);
+  model.load(model_archive, optimizer_archive);
   scaler.load(scaler_archive);
   set_generator_state(process_group.device(), all_states[process_group.rank()]);
 }

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <torch/nn/module.h>
 #include <torch/serialize/archive.h>
 
 #include <ddp/distributed_data_parallel.h>
@@ -27,38 +26,39 @@ struct TrainingState {
   std::string fingerprint;
 };
 
-/// The optimizer's state in and out of a checkpoint: the model's
-/// DistributedDataParallel::save_optimizer_state / load_optimizer_state, the
-/// same format whether the state is sharded or not. save is collective, and
-/// leaves the module's parameters whole for saving.
-struct OptimizerCheckpointing {
-  std::function<void(torch::serialize::OutputArchive&)> save;
-  std::function<void(torch::serialize::InputArchive&)> load;
+/// The module and its optimizer's state in and out of a checkpoint, through
+/// the DistributedDataParallel wrapper: save_module() and
+/// save_optimizer_state(), the same format whether they are sharded or not,
+/// gathered one bucket at a time. save is collective.
+struct ModelCheckpointing {
+  std::function<void(torch::serialize::OutputArchive& module, torch::serialize::OutputArchive& optimizer)> save;
+  std::function<void(torch::serialize::InputArchive& module, torch::serialize::InputArchive& optimizer)> load;
 };
 
-/// The OptimizerCheckpointing of `optimizer` (built over model.parameters()).
+/// The ModelCheckpointing of `model` and `optimizer` (built over model.parameters()).
 template <typename Module>
-OptimizerCheckpointing optimizer_checkpointing(ddp::DistributedDataParallel<Module>& model,
-                                               torch::optim::Optimizer& optimizer) {
-  return {[&model, &optimizer](torch::serialize::OutputArchive& archive) {
-            model.gather_parameters();  // sharded: the optimizer stepped only this rank's shards
-            model.save_optimizer_state(optimizer, archive);
+ModelCheckpointing model_checkpointing(ddp::DistributedDataParallel<Module>& model,
+                                       torch::optim::Optimizer& optimizer) {
+  return {[&model, &optimizer](torch::serialize::OutputArchive& module, torch::serialize::OutputArchive& state) {
+            model.save_module(module);
+            model.save_optimizer_state(optimizer, state);
           },
-          [&model, &optimizer](torch::serialize::InputArchive& archive) {
-            model.load_optimizer_state(optimizer, archive);
+          [&model, &optimizer](torch::serialize::InputArchive& module, torch::serialize::InputArchive& state) {
+            model.module()->load(module);  // the next forward takes the loaded values in
+            model.load_optimizer_state(optimizer, state);
           }};
 }
 
 /// Collective: every rank calls it (their generator states and, sharded,
 /// their parts of the optimizer state travel to rank 0).
-void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, torch::nn::Module& model,
-                              const OptimizerCheckpointing& optimizer, const ddp::GradScaler& scaler,
+void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
+                              const ModelCheckpointing& model, const ddp::GradScaler& scaler,
                               const TrainingState& state);
 
 /// Loads into `model`, the optimizer, `scaler` and `state` (step and data
 /// position). `state.fingerprint` holds this run's fingerprint on entry;
 /// a checkpoint of another run is a ddp::UsageError naming both.
-void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, torch::nn::Module& model,
-                              const OptimizerCheckpointing& optimizer, ddp::GradScaler& scaler, TrainingState& state);
+void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
+                              const ModelCheckpointing& model, ddp::GradScaler& scaler, TrainingState& state);
 
 }  // namespace examples

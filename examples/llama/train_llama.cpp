@@ -188,7 +188,7 @@ int main(int argc, char** argv) try {
     return loss.detach();
   };
   callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
-  callbacks.optimizer_checkpointing = examples::optimizer_checkpointing(ddp_model, *optimizer);
+  callbacks.model_checkpointing = examples::model_checkpointing(ddp_model, *optimizer);
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };
   callbacks.seek_data = [&](const std::vector<std::int64_t>& position) { train_data->seek(position.at(0)); };
   const std::int64_t eval_batches = flags.integer("eval-batches");
@@ -206,7 +206,7 @@ int main(int argc, char** argv) try {
               fmt::format("\"val_loss\": {:.6f}", loss)};
     };
   }
-  examples::Trainer trainer(process_group, policy, *model, *optimizer, options);
+  examples::Trainer trainer(process_group, policy, *optimizer, options);
   trainer.run(callbacks);
   return 0;
 } catch (const ddp::UsageError& e) {

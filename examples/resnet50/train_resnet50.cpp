@@ -149,7 +149,7 @@ int main(int argc, char** argv) try {
     return loss.detach();
   };
   callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
-  callbacks.optimizer_checkpointing = examples::optimizer_checkpointing(ddp_model, *optimizer);
+  callbacks.model_checkpointing = examples::model_checkpointing(ddp_model, *optimizer);
   callbacks.data_position = [&] {
     const auto position = train_data->position();
     return std::vector<std::int64_t>{position.epoch, position.batch};
@@ -164,7 +164,7 @@ int main(int argc, char** argv) try {
       return evaluate(ddp_model, *val_data, eval_batches, policy, *process_group);
     };
   }
-  examples::Trainer trainer(process_group, policy, *model, *optimizer, options);
+  examples::Trainer trainer(process_group, policy, *optimizer, options);
   trainer.run(callbacks);
   return 0;
 } catch (const ddp::UsageError& e) {

@@ -112,6 +112,7 @@ class DataParallelCore {
   void gather_parameters();
   MemoryReport memory_report(const torch::optim::Optimizer* optimizer) const;
   at::Tensor clip_grad_norm_(double max_norm, double norm_type);
+  void save_module(torch::serialize::OutputArchive& archive);
   void save_optimizer_state(const torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive);
   void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
 
@@ -268,7 +269,9 @@ class DistributedDataParallel {
   }
   /// With sharding, the optimizer updates only this rank's shards; the next
   /// forward all-gathers the module's parameters first. Call this to have
-  /// them whole without a forward, e.g. before saving the module. Collective.
+  /// them whole without a forward, e.g. to read them. With kFull it holds
+  /// every unit gathered until the next forward: to save the module, use
+  /// save_module(). Collective.
   void gather_parameters() { core_->gather_parameters(); }
 
   /// What this rank holds of the model: parameters, gradients and, given the
@@ -276,6 +279,15 @@ class DistributedDataParallel {
   MemoryReport memory_report(const torch::optim::Optimizer* optimizer = nullptr) const {
     return core_->memory_report(optimizer);
   }
+
+  /// Writes the module into `archive` as Module::save does (load it with
+  /// module()->load, in any mode and at any world size). With sharding the
+  /// parameters are gathered from the shards one bucket at a time and copied
+  /// to rank 0's host memory, so no device holds the whole model (with
+  /// kFull, the module's own unit parameters hold no memory between
+  /// iterations). Collective; the archive is filled on rank 0, which saves
+  /// it (checkpoint::save_on_rank0).
+  void save_module(torch::serialize::OutputArchive& archive) { core_->save_module(archive); }
 
   /// Writes into `archive` the state of `optimizer` (built over
   /// parameters()) for the whole model, as one process holds it: per trained

@@ -16,6 +16,7 @@
 
 #include <ddp/errors.h>
 
+#include "checkpoint/module_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "reducer/bucket_assignment.h"
 #include "reducer/buffer_sync.h"
@@ -163,8 +164,8 @@ DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
   reducer_->prepare_for_forward();
-  if (units_) units_->before_forward();
   if (sharded_) sharded_->gather();
+  if (units_) units_->before_forward();
   if (buffer_sync_ && module_->is_training()) {
     buffer_sync_->broadcast(process_group_->communicator(), 0);
   }
@@ -236,6 +237,14 @@ MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* opti
   }
   if (optimizer != nullptr) report.optimizer_state_bytes = state_bytes(*optimizer);
   return report;
+}
+
+void DataParallelCore::save_module(torch::serialize::OutputArchive& archive) {
+  if (!sharded_) {
+    if (process_group_->rank() == 0) module_->save(archive);
+    return;
+  }
+  save_module_state(*module_, trained_, *sharded_, process_group_->rank(), archive);
 }
 
 void DataParallelCore::save_optimizer_state(const torch::optim::Optimizer& optimizer,

@@ -117,6 +117,7 @@ void ShardedParameters::gather() {
     if (bucket.transient) {
       const std::int64_t shard = bucket.layout.shard_numel;
       bucket.master.copy_(bucket.buffer.narrow(0, comm_.rank() * shard, shard));
+      release(b);  // one unit at a time on the device, as they were loaded
     }
   }
   if (!gather_pending_) return;

@@ -62,8 +62,9 @@ class ShardedParameters {
   /// current stream waits for the gathers on the device; the host does not).
   /// Without gradient shards it drops the parameters' gradients then
   /// instead: the step has consumed them, and the next backward must not add
-  /// to them. Transient buckets are left to start_gather(); release them
-  /// first, as their values may be stale.
+  /// to them. Transient buckets are left to start_gather(), but for those
+  /// with loaded parameters, which are gathered, updated and released one
+  /// at a time.
   void gather();
 
   std::size_t bucket_count() const { return buckets_.size(); }

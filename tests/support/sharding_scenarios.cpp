@@ -375,12 +375,10 @@ void train_steps(ProcessGroup& pg, Trained& trained, int from, int to) {
 void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path) {
   Trained trained = make_trained(pg, sharding);
   train_steps(pg, trained, 0, steps);
-  trained.model->gather_parameters();
-  torch::serialize::OutputArchive optimizer_archive;
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  trained.model->save_module(model_archive);  // gathered bucket by bucket, whatever the module holds
   trained.model->save_optimizer_state(*trained.optimizer, optimizer_archive);
   checkpoint::save_on_rank0(pg, path, [&](torch::serialize::OutputArchive& archive) {
-    torch::serialize::OutputArchive model_archive;
-    trained.model->module()->save(model_archive);
     archive.write("model", model_archive);
     archive.write("optimizer", optimizer_archive);
   });
