@@ -38,6 +38,8 @@ TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
     check_resume_matches(*pg, ddp::Sharding::kOptimizer, 3, path);
     save_after_steps(*pg, ddp::Sharding::kNone, 2, path);
     check_resume_matches(*pg, ddp::Sharding::kGradients, 2, path);
+    save_after_steps(*pg, ddp::Sharding::kFull, 2, path);
+    check_resume_matches(*pg, ddp::Sharding::kFull, 2, path);
     std::filesystem::remove(path);
   }));
 }
