@@ -68,7 +68,13 @@ void ShardedParameters::adopt(Bucket& bucket, std::size_t slot) {
   const std::vector<std::int64_t> strides = flat_layout_strides(parameter);
   at::Tensor place = alias(bucket.buffer, bucket.layout.offsets[slot], parameter.sizes(), strides);
   place.copy_(parameter);
-  parameter.set_(place.storage(), place.storage_offset(), parameter.sizes(), strides);
+  // Module::load gives a parameter the archive's device when it differs
+  // (save_module's host tensors): set_data may move it back, set_ may not.
+  if (parameter.device() != place.device()) {
+    parameter.set_data(place);
+  } else {
+    parameter.set_(place.storage(), place.storage_offset(), parameter.sizes(), strides);
+  }
 }
 
 at::Tensor ShardedParameters::parameter_gradient(std::size_t index) const {
