@@ -4,7 +4,7 @@
 # the smoke job and the benchmarks. Logs and results go to the directory given.
 #   bash cmake/scripts/gpu_check.sh OUT_DIR [STEP...]
 # STEPs (default: all): ctest_gpu smoke allreduce ddp_overlap ddp_overlap_no_timeline precision fp8_recipes
-#   fp8_throughput fused_kernels sharding examples scaling profile
+#   fp8_throughput fused_kernels sharding checkpoints examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SHARDING_PRESETS (default tinyllama-1.1b), SHARDING_PRECISIONS (default bf16 fp8), SHARDING_MODES (default
 # none optimizer gradients full) and SHARDING_ROUNDS (default 2) the sharding step's;
@@ -108,6 +108,23 @@ sharding() {
   return $rc
 }
 step sharding sharding
+# Checkpoints of tinyllama-1.1b in ZeRO-3 on every GPU, whole and sharded: the save and load
+# times the trainer prints, and the losses of a run resumed from each (CHECKPOINT_DIR, default /tmp).
+checkpoints() {
+  local format dir rc=0 run="build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/llama/train_llama"
+  for format in whole sharded; do
+    dir=${CHECKPOINT_DIR:-/tmp}/ddp-checkpoint-$format
+    rm -rf "$dir"
+    $run --preset tinyllama-1.1b --sharding full --steps 2 --warmup 1 --log-every 1 --checkpoint "$dir" \
+      --checkpoint-format $format --metrics "$out/checkpoint-$format-first.jsonl" || rc=1
+    du -sb "$dir"
+    $run --preset tinyllama-1.1b --sharding full --steps 3 --warmup 1 --log-every 1 --checkpoint "$dir" \
+      --checkpoint-format $format --resume --metrics "$out/checkpoint-$format-resumed.jsonl" || rc=1
+    rm -rf "$dir"
+  done
+  return $rc
+}
+step checkpoints checkpoints
 # The examples on every GPU in each precision they support, a short run each.
 run_examples() {
   local run="build/gpu/libddp/ddprun --nproc-per-node ${EXAMPLE_GPUS:-gpu} --standalone" p

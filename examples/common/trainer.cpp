@@ -22,7 +22,10 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
       .add("grad-accum", "1", "micro-batches per optimizer step (no_sync for all but the last)")
       .add("clip-grad-norm", "0", "clip the gradient norm to this (0: off)")
       .add("log-every", "10", "steps between progress lines (each costs a device synchronisation)")
-      .add("checkpoint", "", "checkpoint file (written by rank 0, atomically)")
+      .add("checkpoint", "",
+           "checkpoint file (written by rank 0, atomically), or directory with --checkpoint-format sharded")
+      .add("checkpoint-format", "whole",
+           "whole: one file, gathered to rank 0; sharded: a file per rank, written in parallel, and a manifest")
       .add("checkpoint-every", "0", "steps between checkpoints (0: only at the end)")
       .add_switch("resume", "continue from --checkpoint if it exists")
       .add("eval-every", "0", "steps between evaluations (0: only at the end)")
@@ -41,6 +44,11 @@ TrainerOptions trainer_options(const Flags& flags) {
   options.log_every = flags.integer("log-every");
   options.checkpoint = flags.str("checkpoint");
   options.checkpoint_every = flags.integer("checkpoint-every");
+  const std::string format = flags.str("checkpoint-format");
+  if (format != "whole" && format != "sharded") {
+    flags.fail(fmt::format("unknown --checkpoint-format '{}'; choose whole or sharded", format));
+  }
+  options.checkpoint_format = format == "sharded" ? CheckpointFormat::kSharded : CheckpointFormat::kWhole;
   options.resume = flags.on("resume");
   options.eval_every = flags.integer("eval-every");
   options.metrics = flags.str("metrics");
@@ -68,7 +76,8 @@ void Trainer::save(const TrainingCallbacks& callbacks, std::int64_t step) {
   state.step = step;
   state.data_position = callbacks.data_position();
   state.fingerprint = options_.fingerprint;
-  save_training_checkpoint(*process_group_, options_.checkpoint, callbacks.model_checkpointing, scaler_, state);
+  save_training_checkpoint(*process_group_, options_.checkpoint, options_.checkpoint_format,
+                           callbacks.model_checkpointing, scaler_, state);
 }
 
 double Trainer::run(const TrainingCallbacks& callbacks) {
@@ -78,13 +87,16 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   ddp::set_process_tf32(policy_);  // the guard covers forward only; backward needs the same math mode
 
   std::int64_t step = 0;
-  if (options_.resume && std::filesystem::exists(options_.checkpoint)) {
+  if (options_.resume && checkpoint_exists(options_.checkpoint, options_.checkpoint_format)) {
     TrainingState state;
     state.fingerprint = options_.fingerprint;
-    load_training_checkpoint(*process_group_, options_.checkpoint, callbacks.model_checkpointing, scaler_, state);
+    const auto start = std::chrono::steady_clock::now();
+    load_training_checkpoint(*process_group_, options_.checkpoint, options_.checkpoint_format,
+                             callbacks.model_checkpointing, scaler_, state);
     callbacks.seek_data(state.data_position);
     step = state.step;
-    progress.note(fmt::format("resumed from {} at step {}", options_.checkpoint, step));
+    progress.note(fmt::format("resumed from {} at step {} (loaded in {:.2f} s)", options_.checkpoint, step,
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
     progress.event("resume", fmt::format("\"step\": {}", step));
   }
 
@@ -142,7 +154,12 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     const bool checkpoint_due = !options_.checkpoint.empty() &&
                                 ((options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) ||
                                  step == options_.steps);
-    if (checkpoint_due) save(callbacks, step);
+    if (checkpoint_due) {
+      const auto start = std::chrono::steady_clock::now();
+      save(callbacks, step);
+      progress.note(fmt::format("checkpoint of step {} written to {} in {:.2f} s", step, options_.checkpoint,
+                                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
+    }
     if (options_.eval_every > 0 && step % options_.eval_every == 0 && step != options_.steps) evaluate(step);
     if (step == options_.fail_at_step && first_attempt && rank == process_group_->world_size() - 1) {
       std::fprintf(stderr, "rank %d: --fail-at-step %lld: aborting to test the restart\n", rank,

@@ -32,6 +32,7 @@ struct TrainerOptions {
   double clip_grad_norm = 0;    ///< 0: no clipping.
   std::int64_t log_every = 10;
   std::string checkpoint;             ///< "": no checkpoints.
+  CheckpointFormat checkpoint_format = CheckpointFormat::kWhole;  ///< kSharded: `checkpoint` is a directory.
   std::int64_t checkpoint_every = 0;  ///< 0: only at the end.
   bool resume = false;                ///< Continue from `checkpoint` if it exists.
   std::int64_t eval_every = 0;        ///< 0: only at the end.

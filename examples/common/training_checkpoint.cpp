@@ -1,5 +1,7 @@
 #include "training_checkpoint.h"
 
+#include <filesystem>
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <torch/serialize/archive.h>
@@ -44,37 +46,22 @@ c10::IValue read(torch::serialize::InputArchive& archive, const std::string& pat
   return value;
 }
 
-}  // namespace
-
-void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
-                              const ModelCheckpointing& model, const ddp::GradScaler& scaler,
-                              const TrainingState& state) {
-  // Generator states have the same size on every rank (same generator kinds).
-  const at::Tensor mine = generator_state(process_group.device()).to(process_group.device());
-  at::Tensor all = at::empty({process_group.world_size() * mine.numel()}, mine.options());
-  process_group.communicator().all_gather(all, mine)->wait();
-  const at::Tensor all_on_host = all.cpu().view({process_group.world_size(), -1});
-  torch::serialize::OutputArchive model_archive, optimizer_archive;
-  model.save(model_archive, optimizer_archive);
-
-  ddp::checkpoint::save_on_rank0(process_group, path, [&](torch::serialize::OutputArchive& archive) {
-    archive.write("format_version", c10::IValue(kFormatVersion));
-    archive.write("fingerprint", c10::IValue(state.fingerprint));
-    archive.write("step", c10::IValue(state.step));
-    archive.write("data_position", c10::IValue(state.data_position));
-    archive.write("generator_states", all_on_host);
-    torch::serialize::OutputArchive scaler_archive;
-    scaler.save(scaler_archive);
-    archive.write("model", model_archive);
-    archive.write("optimizer", optimizer_archive);
-    archive.write("scaler", scaler_archive);
-  });
+/// What a checkpoint holds besides the model and its optimizer: the run.
+void write_run_state(torch::serialize::OutputArchive& archive, const TrainingState& state,
+                     const at::Tensor& generator_states, const ddp::GradScaler& scaler) {
+  archive.write("format_version", c10::IValue(kFormatVersion));
+  archive.write("fingerprint", c10::IValue(state.fingerprint));
+  archive.write("step", c10::IValue(state.step));
+  archive.write("data_position", c10::IValue(state.data_position));
+  archive.write("generator_states", generator_states);
+  torch::serialize::OutputArchive scaler_archive;
+  scaler.save(scaler_archive);
+  archive.write("scaler", scaler_archive);
 }
 
-void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
-                              const ModelCheckpointing& model, ddp::GradScaler& scaler, TrainingState& state) {
-  torch::serialize::InputArchive archive;
-  ddp::checkpoint::load(archive, path);
+/// Reads what write_run_state() wrote; returns every rank's generator states.
+at::Tensor read_run_state(torch::serialize::InputArchive& archive, const std::string& path, TrainingState& state,
+                          ddp::GradScaler& scaler) {
   const std::int64_t version = read(archive, path, "format_version").toInt();
   if (version != kFormatVersion) {
     throw ddp::UsageError(fmt::format("checkpoint '{}' has format version {}; this program reads version {}", path,
@@ -91,13 +78,59 @@ void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::strin
   state.data_position = read(archive, path, "data_position").toIntVector();
   at::Tensor all_states;
   archive.read("generator_states", all_states);
-
-  torch::serialize::InputArchive model_archive, optimizer_archive, scaler_archive;
-  archive.read("model", model_archive);
-  archive.read("optimizer", optimizer_archive);
+  torch::serialize::InputArchive scaler_archive;
   archive.read("scaler", scaler_archive);
-  model.load(model_archive, optimizer_archive);
   scaler.load(scaler_archive);
+  return all_states;
+}
+
+}  // namespace
+
+bool checkpoint_exists(const std::string& path, CheckpointFormat format) {
+  return format == CheckpointFormat::kSharded ? ddp::checkpoint::is_sharded_checkpoint(path)
+                                              : std::filesystem::exists(path);
+}
+
+void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format,
+                              const ModelCheckpointing& model, const ddp::GradScaler& scaler,
+                              const TrainingState& state) {
+  // Generator states have the same size on every rank (same generator kinds).
+  const at::Tensor mine = generator_state(process_group.device()).to(process_group.device());
+  at::Tensor all = at::empty({process_group.world_size() * mine.numel()}, mine.options());
+  process_group.communicator().all_gather(all, mine)->wait();
+  const at::Tensor all_on_host = all.cpu().view({process_group.world_size(), -1});
+  const auto write_run = [&](torch::serialize::OutputArchive& archive) {
+    write_run_state(archive, state, all_on_host, scaler);
+  };
+  if (format == CheckpointFormat::kSharded) {
+    model.save_sharded(path, write_run);
+    return;
+  }
+  torch::serialize::OutputArchive model_archive, optimizer_archive;
+  model.save(model_archive, optimizer_archive);
+  ddp::checkpoint::save_on_rank0(process_group, path, [&](torch::serialize::OutputArchive& archive) {
+    write_run(archive);
+    archive.write("model", model_archive);
+    archive.write("optimizer", optimizer_archive);
+  });
+}
+
+void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format,
+                              const ModelCheckpointing& model, ddp::GradScaler& scaler, TrainingState& state) {
+  at::Tensor all_states;
+  if (format == CheckpointFormat::kSharded) {
+    model.load_sharded(path, [&](torch::serialize::InputArchive& archive) {
+      all_states = read_run_state(archive, path, state, scaler);
+    });
+  } else {
+    torch::serialize::InputArchive archive;
+    ddp::checkpoint::load(archive, path);
+    all_states = read_run_state(archive, path, state, scaler);
+    torch::serialize::InputArchive model_archive, optimizer_archive;
+    archive.read("model", model_archive);
+    archive.read("optimizer", optimizer_archive);
+    model.load(model_archive, optimizer_archive);
+  }
   set_generator_state(process_group.device(), all_states[process_group.rank()]);
 }
 

@@ -27,12 +27,19 @@ struct TrainingState {
 };
 
 /// The module and its optimizer's state in and out of a checkpoint, through
-/// the DistributedDataParallel wrapper: save_module() and
-/// save_optimizer_state(), the same format whether they are sharded or not,
-/// gathered one bucket at a time. save is collective.
+/// the DistributedDataParallel wrapper, in either format:
+/// - whole: save_module() and save_optimizer_state(), gathered one bucket at
+///   a time to rank 0, which writes one file;
+/// - sharded: save_sharded_checkpoint(), a directory with one file per rank,
+///   written in parallel, and a manifest; `extra` (rank 0) adds the rest.
+/// Both load in any sharding mode at any world size. Saves are collective.
 struct ModelCheckpointing {
+  using Extra = std::function<void(torch::serialize::OutputArchive&)>;
+  using ReadExtra = std::function<void(torch::serialize::InputArchive&)>;
   std::function<void(torch::serialize::OutputArchive& module, torch::serialize::OutputArchive& optimizer)> save;
   std::function<void(torch::serialize::InputArchive& module, torch::serialize::InputArchive& optimizer)> load;
+  std::function<void(const std::string& directory, const Extra& extra)> save_sharded;
+  std::function<void(const std::string& directory, const ReadExtra& extra)> load_sharded;
 };
 
 /// The ModelCheckpointing of `model` and `optimizer` (built over model.parameters()).
@@ -44,21 +51,33 @@ ModelCheckpointing model_checkpointing(ddp::DistributedDataParallel<Module>& mod
             model.save_optimizer_state(optimizer, state);
           },
           [&model, &optimizer](torch::serialize::InputArchive& module, torch::serialize::InputArchive& state) {
-            model.module()->load(module);  // the next forward takes the loaded values in
+            model.load_module(module);
             model.load_optimizer_state(optimizer, state);
+          },
+          [&model, &optimizer](const std::string& directory, const ModelCheckpointing::Extra& extra) {
+            model.save_sharded_checkpoint(directory, &optimizer, extra);
+          },
+          [&model, &optimizer](const std::string& directory, const ModelCheckpointing::ReadExtra& extra) {
+            model.load_sharded_checkpoint(directory, &optimizer, extra);
           }};
 }
 
-/// Collective: every rank calls it (their generator states and, sharded,
-/// their parts of the optimizer state travel to rank 0).
-void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
+/// How the examples write checkpoints (--checkpoint-format).
+enum class CheckpointFormat { kWhole, kSharded };
+
+/// Whether `path` holds a checkpoint in `format` to resume from.
+bool checkpoint_exists(const std::string& path, CheckpointFormat format);
+
+/// Collective: every rank calls it (their generator states travel to rank 0,
+/// and, whole, their parts of a sharded model and optimizer state too).
+void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format,
                               const ModelCheckpointing& model, const ddp::GradScaler& scaler,
                               const TrainingState& state);
 
 /// Loads into `model`, the optimizer, `scaler` and `state` (step and data
 /// position). `state.fingerprint` holds this run's fingerprint on entry;
 /// a checkpoint of another run is a ddp::UsageError naming both.
-void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path,
+void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format,
                               const ModelCheckpointing& model, ddp::GradScaler& scaler, TrainingState& state);
 
 }  // namespace examples

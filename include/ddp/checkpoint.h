@@ -25,6 +25,11 @@ void save(torch::serialize::OutputArchive& archive, const std::string& path);
 /// when it is missing, unreadable, or not a checkpoint (truncated or corrupt).
 void load(torch::serialize::InputArchive& archive, const std::string& path);
 
+/// Whether `directory` holds a committed sharded checkpoint
+/// (DistributedDataParallel::save_sharded_checkpoint): its manifest exists.
+/// A save that never finished leaves none, and resuming should start afresh.
+bool is_sharded_checkpoint(const std::string& directory);
+
 /// The usual pattern of data-parallel training: rank 0 fills an archive with
 /// `write` and saves it atomically while the others wait, so that when this
 /// returns on any rank the checkpoint is complete on disk. An error on rank 0

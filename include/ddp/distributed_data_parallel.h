@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -113,8 +114,13 @@ class DataParallelCore {
   MemoryReport memory_report(const torch::optim::Optimizer* optimizer) const;
   at::Tensor clip_grad_norm_(double max_norm, double norm_type);
   void save_module(torch::serialize::OutputArchive& archive);
+  void load_module(torch::serialize::InputArchive& archive);
   void save_optimizer_state(const torch::optim::Optimizer& optimizer, torch::serialize::OutputArchive& archive);
   void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive);
+  void save_sharded_checkpoint(const std::string& directory, const torch::optim::Optimizer* optimizer,
+                               const std::function<void(torch::serialize::OutputArchive&)>& extra);
+  void load_sharded_checkpoint(const std::string& directory, torch::optim::Optimizer* optimizer,
+                               const std::function<void(torch::serialize::InputArchive&)>& extra);
 
  private:
   std::shared_ptr<torch::nn::Module> module_;
@@ -288,6 +294,12 @@ class DistributedDataParallel {
   /// iterations). Collective; the archive is filled on rank 0, which saves
   /// it (checkpoint::save_on_rank0).
   void save_module(torch::serialize::OutputArchive& archive) { core_->save_module(archive); }
+  /// Loads what save_module() (or Module::save) wrote into the module, in any
+  /// mode and at any world size, keeping every tensor on this rank's device
+  /// (Module::load alone moves tensors to the archive's device). Sharded
+  /// parameters stay where they were loaded until the next forward takes
+  /// them in, one bucket at a time.
+  void load_module(torch::serialize::InputArchive& archive) { core_->load_module(archive); }
 
   /// Writes into `archive` the state of `optimizer` (built over
   /// parameters()) for the whole model, as one process holds it: per trained
@@ -303,10 +315,38 @@ class DistributedDataParallel {
   /// Loads what save_optimizer_state() wrote, in any mode and at any world
   /// size, into `optimizer` (built over parameters()): each rank takes the
   /// part it steps. UsageError naming the mismatch for another model's or
-  /// optimizer's state. Load the module's parameters as usual (Module::load):
-  /// the next forward takes them in.
+  /// optimizer's state. Load the module with load_module().
   void load_optimizer_state(torch::optim::Optimizer& optimizer, torch::serialize::InputArchive& archive) {
     core_->load_optimizer_state(optimizer, archive);
+  }
+
+  /// Writes a sharded checkpoint into `directory` (FSDP's sharded state dict
+  /// through torch.distributed.checkpoint): every rank writes one file with
+  /// the parts of the parameters and of `optimizer`'s state (built over
+  /// parameters(); null: none) that it steps, in parallel, so that no rank
+  /// ever holds more than its own share; rank 0 then writes a manifest with
+  /// the layout, the buffers and frozen parameters, and what `extra`
+  /// (called on rank 0) adds: the run's step, data position, scaler. Every
+  /// file is written atomically and the manifest commits the checkpoint, so
+  /// `directory` always holds a whole one; files of the previous checkpoint
+  /// are removed afterwards. `directory` must be one every rank sees (a
+  /// shared filesystem). Collective. Unlike save_module(), rank 0's host
+  /// needs no room for the whole model.
+  void save_sharded_checkpoint(const std::string& directory, const torch::optim::Optimizer* optimizer = nullptr,
+                               const std::function<void(torch::serialize::OutputArchive&)>& extra = nullptr) {
+    core_->save_sharded_checkpoint(directory, optimizer, extra);
+  }
+  /// Loads what save_sharded_checkpoint() wrote, in any sharding mode and at
+  /// any world size (each rank reads only the files that hold parts of what
+  /// it steps), into the module and `optimizer` (built over parameters();
+  /// null: the model only). `extra` reads, on every rank, what it wrote, and
+  /// must run no collective. UsageError naming the difference for a
+  /// checkpoint of another model or optimizer, or a missing, truncated or
+  /// foreign file; a failure on any rank is an error on every rank.
+  /// Collective.
+  void load_sharded_checkpoint(const std::string& directory, torch::optim::Optimizer* optimizer = nullptr,
+                               const std::function<void(torch::serialize::InputArchive&)>& extra = nullptr) {
+    core_->load_sharded_checkpoint(directory, optimizer, extra);
   }
 
  private:

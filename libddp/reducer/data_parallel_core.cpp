@@ -18,6 +18,7 @@
 
 #include "checkpoint/module_state.h"
 #include "checkpoint/optimizer_state.h"
+#include "checkpoint/sharded_checkpoint.h"
 #include "reducer/bucket_assignment.h"
 #include "reducer/buffer_sync.h"
 #include "reducer/model_agreement.h"
@@ -247,6 +248,27 @@ void DataParallelCore::save_module(torch::serialize::OutputArchive& archive) {
   save_module_state(*module_, trained_, *sharded_, process_group_->rank(), archive);
 }
 
+void DataParallelCore::load_module(torch::serialize::InputArchive& archive) {
+  module_->load(archive);
+  // Module::load gives a tensor the archive's device where it differs
+  // (save_module writes host tensors): move the rest back now; the sharded
+  // parameters go into their buckets at the next forward, one at a time.
+  c10::NoGradGuard no_grad;
+  const c10::Device device = process_group_->device();
+  std::unordered_set<const c10::TensorImpl*> sharded;
+  if (sharded_) {
+    for (const at::Tensor& parameter : trained_) sharded.insert(parameter.unsafeGetTensorImpl());
+  }
+  for (at::Tensor& parameter : module_->parameters()) {
+    if (parameter.device() != device && sharded.count(parameter.unsafeGetTensorImpl()) == 0) {
+      parameter.set_data(parameter.to(device));
+    }
+  }
+  for (at::Tensor& buffer : module_->buffers()) {
+    if (buffer.device() != device) buffer.set_data(buffer.to(device));
+  }
+}
+
 void DataParallelCore::save_optimizer_state(const torch::optim::Optimizer& optimizer,
                                             torch::serialize::OutputArchive& archive) {
   detail::save_optimizer_state(optimizer, trained_, trained_names_, sharded_.get(), process_group_->communicator(),
@@ -256,6 +278,18 @@ void DataParallelCore::save_optimizer_state(const torch::optim::Optimizer& optim
 void DataParallelCore::load_optimizer_state(torch::optim::Optimizer& optimizer,
                                             torch::serialize::InputArchive& archive) {
   detail::load_optimizer_state(optimizer, trained_, trained_names_, sharded_.get(), archive);
+}
+
+void DataParallelCore::save_sharded_checkpoint(const std::string& directory, const torch::optim::Optimizer* optimizer,
+                                               const std::function<void(torch::serialize::OutputArchive&)>& extra) {
+  detail::save_sharded_checkpoint({*module_, trained_, trained_names_, sharded_.get(), to_string(options_.sharding())},
+                                  *process_group_, optimizer, directory, extra);
+}
+
+void DataParallelCore::load_sharded_checkpoint(const std::string& directory, torch::optim::Optimizer* optimizer,
+                                               const std::function<void(torch::serialize::InputArchive&)>& extra) {
+  detail::load_sharded_checkpoint({*module_, trained_, trained_names_, sharded_.get(), to_string(options_.sharding())},
+                                  *process_group_, optimizer, directory, extra);
 }
 
 at::Tensor DataParallelCore::clip_grad_norm_(double max_norm, double norm_type) {

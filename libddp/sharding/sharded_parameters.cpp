@@ -206,6 +206,16 @@ at::Tensor ShardedParameters::fragment_of(std::size_t index) const {
   return it == fragment_of_.end() ? at::Tensor() : fragments_[it->second].value;
 }
 
+std::int64_t ShardedParameters::fragment_begin(std::size_t index) const {
+  auto it = fragment_of_.find(parameters_[index].unsafeGetTensorImpl());
+  return it == fragment_of_.end() ? -1 : fragments_[it->second].begin;
+}
+
+void ShardedParameters::shards_written() {
+  gather_pending_ = true;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
+}
+
 void ShardedParameters::gather_whole(const std::function<at::Tensor(std::size_t index)>& part,
                                      const std::function<void(std::size_t index, const at::Tensor& values)>& whole) {
   c10::NoGradGuard no_grad;

@@ -44,6 +44,8 @@ class ShardedParameters {
                     Communicator& comm, bool gradient_shards, const std::vector<std::uint8_t>& transient = {});
 
   const ShardLayout& layout(std::size_t bucket) const { return buckets_[bucket].layout; }
+  /// The bucket's parameters (indices into the parameters given), in layout order.
+  const std::vector<std::size_t>& bucket_parameters(std::size_t bucket) const { return buckets_[bucket].parameters; }
   /// This rank's part of the bucket's averaged gradient (kept between
   /// iterations); undefined without gradient shards.
   const at::Tensor& gradient_shard(std::size_t bucket) const { return buckets_[bucket].gradient_shard; }
@@ -91,6 +93,13 @@ class ShardedParameters {
   std::vector<at::Tensor> local_parameters() const { return local_parameters(parameters_); }
   /// The fragment of parameter `index` on this rank; undefined if it has no part here.
   at::Tensor fragment_of(std::size_t index) const;
+  /// Where that fragment begins in the parameter, in elements of its flat
+  /// layout (flat_layout_strides); -1 if it has no part here.
+  std::int64_t fragment_begin(std::size_t index) const;
+  /// After values were written into the fragments (a sharded checkpoint
+  /// loaded): the next gather() all-gathers every buffer again, and gathered
+  /// transient buckets are released, to be gathered from their shards.
+  void shards_written();
 
   /// Assembles a quantity held per fragment (an optimizer moment) for the
   /// whole model, one bucket at a time, so that no device holds more than one

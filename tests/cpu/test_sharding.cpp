@@ -355,43 +355,136 @@ TEST(ShardingGlooOneRank, LocalParametersRefusesATensorOfNoTrainedParameter) {
   }));
 }
 
-// A checkpoint holds the optimizer state by parameter, whole: written in one
-// mode at one world size, it resumes in another mode at another, exactly.
+// A checkpoint written in one mode at one world size resumes in another mode
+// at another, exactly: whole (the optimizer state by parameter, gathered to
+// rank 0) or sharded (a file per rank and a manifest).
 TEST(ShardingCheckpoint, ResumesInAnotherModeAtAnotherWorldSize) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("ddp_sharding_checkpoint_" + std::to_string(::getpid()) + ".pt")).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ddp_sharding_checkpoint_" + std::to_string(::getpid()))).string();
   struct Case {
+    CheckpointFormat format;
     int save_ranks;
     Sharding save_mode;
     int load_ranks;
     Sharding load_mode;
   };
-  const std::vector<Case> cases{{2, Sharding::kOptimizer, 3, Sharding::kFull},
-                                {3, Sharding::kNone, 4, Sharding::kOptimizer},
-                                {4, Sharding::kFull, 1, Sharding::kNone},
-                                {1, Sharding::kGradients, 2, Sharding::kGradients}};
+  const std::vector<Case> cases{{CheckpointFormat::kWhole, 2, Sharding::kOptimizer, 3, Sharding::kFull},
+                                {CheckpointFormat::kWhole, 3, Sharding::kNone, 4, Sharding::kOptimizer},
+                                {CheckpointFormat::kWhole, 4, Sharding::kFull, 1, Sharding::kNone},
+                                {CheckpointFormat::kWhole, 1, Sharding::kGradients, 2, Sharding::kGradients},
+                                {CheckpointFormat::kSharded, 2, Sharding::kOptimizer, 3, Sharding::kFull},
+                                {CheckpointFormat::kSharded, 3, Sharding::kNone, 4, Sharding::kGradients},
+                                {CheckpointFormat::kSharded, 4, Sharding::kFull, 1, Sharding::kNone},
+                                {CheckpointFormat::kSharded, 2, Sharding::kGradients, 2, Sharding::kGradients}};
   // A rank process runs this test from the top and takes the first
   // run_ranks() it meets, so one body serves both phases, told by the environment.
   const auto body = [&](int) {
     const Case& c = cases.at(static_cast<std::size_t>(std::stoi(std::getenv("DDP_TEST_CASE"))));
     const std::string file = std::getenv("DDP_TEST_CHECKPOINT");  // the parent's path, not one of the rank's own
     if (std::string(std::getenv("DDP_TEST_PHASE")) == "save") {
-      save_after_steps(*init_gloo(), c.save_mode, 3, file);
+      save_after_steps(*init_gloo(), c.save_mode, 3, file, c.format);
     } else {
-      check_resume_matches(*init_gloo(), c.load_mode, 3, file);
+      check_resume_matches(*init_gloo(), c.load_mode, 3, file, c.format);
     }
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
-    SCOPED_TRACE(std::to_string(c.save_ranks) + " ranks " + ddp::to_string(c.save_mode) + " -> " +
+    SCOPED_TRACE(std::string(c.format == CheckpointFormat::kWhole ? "whole, " : "sharded, ") +
+                 std::to_string(c.save_ranks) + " ranks " + ddp::to_string(c.save_mode) + " -> " +
                  std::to_string(c.load_ranks) + " ranks " + ddp::to_string(c.load_mode));
     RunOptions save, load;
     save.env = {{"DDP_TEST_CASE", std::to_string(i)}, {"DDP_TEST_PHASE", "save"}, {"DDP_TEST_CHECKPOINT", path}};
     load.env = {{"DDP_TEST_CASE", std::to_string(i)}, {"DDP_TEST_PHASE", "load"}, {"DDP_TEST_CHECKPOINT", path}};
     expect_all_succeeded(run_ranks(c.save_ranks, body, save));
     expect_all_succeeded(run_ranks(c.load_ranks, body, load));
+    std::filesystem::remove_all(path);
   }
-  std::filesystem::remove(path);
+}
+
+// A sharded checkpoint that is not this model's, not this optimizer's, or not
+// whole is refused with a one-line UsageError that names what is wrong, and
+// a save replaces the previous checkpoint's files.
+TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByName) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    namespace fs = std::filesystem;
+    const fs::path directory = fs::temp_directory_path() / ("ddp_sharded_refusals_" + std::to_string(::getpid()));
+    auto pg = init_gloo();
+    const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
+    auto model = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 3), pg, options);
+    torch::optim::AdamW adamw(model.parameters());
+    model(torch::ones({2, 4})).sum().backward();
+    adamw.step();
+    model.save_sharded_checkpoint(directory.string(), &adamw);
+    model.save_sharded_checkpoint(directory.string(), &adamw);
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(directory)) files.push_back(entry.path());
+    require(files.size() == 2,
+            "a second save left " + std::to_string(files.size()) + " files, not a manifest and one rank file");
+    const fs::path rank_file = files[0].filename() == "manifest.pt" ? files[1] : files[0];
+
+    const auto refused = [&](auto&& load, const std::string& expected) {
+      try {
+        load();
+      } catch (const ddp::UsageError& e) {
+        require_contains(e.what(), expected);
+        require(std::string(e.what()).find('\n') == std::string::npos, std::string("not one line: ") + e.what());
+        return;
+      }
+      throw std::runtime_error("expected a UsageError containing '" + expected + "'");
+    };
+    auto wider = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 5), pg, options);
+    refused([&] { wider.load_sharded_checkpoint(directory.string()); },
+            "holds 'weight' of shape [3, 4], the model's is [5, 4]; it belongs to another model");
+    torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    refused([&] { model.load_sharded_checkpoint(directory.string(), &sgd); },
+            "holds the state of the optimizer adamw; this one is sgd");
+    refused([&] { model.load_sharded_checkpoint((directory / "elsewhere").string()); }, "holds no sharded checkpoint");
+    fs::resize_file(rank_file, fs::file_size(rank_file) - 1);
+    refused([&] { model.load_sharded_checkpoint(directory.string()); }, "it is truncated or was overwritten");
+    fs::remove(rank_file);
+    refused([&] { model.load_sharded_checkpoint(directory.string()); }, "lacks rank 0's file");
+    fs::remove_all(directory);
+  }));
+}
+
+// A rank that cannot load its part fails by name, and the others fail too,
+// naming it, instead of training on without it.
+TEST(ShardingCheckpoint, ARankThatCannotLoadFailsEveryRank) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ddp_sharded_missing_" + std::to_string(::getpid()))).string();
+  RunOptions options;
+  options.env = {{"DDP_TEST_CHECKPOINT", path}};
+  expect_all_succeeded(run_ranks(
+      2,
+      [](int) {
+        auto pg = init_gloo();
+        const std::string directory = std::getenv("DDP_TEST_CHECKPOINT");
+        auto model = ddp::DistributedDataParallel<torch::nn::Linear>(
+            torch::nn::Linear(64, 64), pg, ddp::DistributedDataParallelOptions().sharding(Sharding::kOptimizer));
+        model.save_sharded_checkpoint(directory);
+        pg->communicator().barrier();
+        if (pg->rank() == 1) {
+          for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+            if (entry.path().filename().string().find(".rank1.") != std::string::npos)
+              std::filesystem::remove(entry.path());
+          }
+        }
+        pg->communicator().barrier();
+        try {
+          model.load_sharded_checkpoint(directory);
+        } catch (const ddp::UsageError& e) {
+          require(pg->rank() == 1, "rank 0 raised a UsageError for rank 1's file");
+          require_contains(e.what(), "lacks rank 1's file");
+          return;
+        } catch (const ddp::Error& e) {
+          require(pg->rank() == 0, std::string("rank 1 did not name its own failure: ") + e.what());
+          require_contains(e.what(), "failed on rank 1");
+          return;
+        }
+        throw std::runtime_error("a rank went on after rank 1 could not load its part");
+      },
+      options));
+  std::filesystem::remove_all(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardingGloo, ::testing::Values(2, 3, 4),

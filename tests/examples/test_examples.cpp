@@ -96,7 +96,10 @@ TEST(ResNet50Example, TrainsAndTheLossFalls) {
   EXPECT_LT(mean_of(loss, 13, 16), 0.8 * mean_of(loss, 1, 4)) << result.output;
 }
 
-TEST(ResNet50Example, AKilledRunResumesExactly) { expect_exact_resume(TRAIN_RESNET50, kResnet, 6, 3, 2); }
+// Sharded checkpoints: one file per rank and a manifest; BatchNorm's buffers travel in the manifest.
+TEST(ResNet50Example, AKilledRunResumesExactlyFromAShardedCheckpoint) {
+  expect_exact_resume(TRAIN_RESNET50, with(kResnet, {"--checkpoint-format", "sharded"}), 6, 3, 2);
+}
 
 TEST(LlamaExample, TrainsOnSyntheticTokens) {
   ScratchDir scratch;
@@ -172,6 +175,7 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--steps", "ten"}, "--steps expects an integer"},
       {TRAIN_LLAMA, {"--resume"}, "--resume needs --checkpoint"},
       {TRAIN_LLAMA, {"--sharding", "zero3"}, "unknown sharding mode 'zero3'; choose none"},
+      {TRAIN_LLAMA, {"--checkpoint-format", "zip"}, "unknown --checkpoint-format 'zip'; choose whole or sharded"},
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},

@@ -27,8 +27,8 @@ TEST(ShardingCuda, EveryModeTrainsAsPlainDdpOnOneGpu) {
   }));
 }
 
-// The optimizer state of CUDA fragments, saved whole in one mode and loaded
-// in another, resumes as one process would.
+// The optimizer state of CUDA fragments, saved whole or sharded in one mode
+// and loaded in another, resumes as one process would.
 TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
   expect_all_succeeded(run_ranks(1, [](int) {
     auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
@@ -40,7 +40,15 @@ TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
     check_resume_matches(*pg, ddp::Sharding::kGradients, 2, path);
     save_after_steps(*pg, ddp::Sharding::kFull, 2, path);
     check_resume_matches(*pg, ddp::Sharding::kFull, 2, path);
+    save_after_steps(*pg, ddp::Sharding::kOptimizer, 2, path);  // host tensors into plain DDP's module on the GPU
+    check_resume_matches(*pg, ddp::Sharding::kNone, 2, path);
     std::filesystem::remove(path);
+    const std::string directory = path + ".sharded";  // a file per rank and a manifest
+    save_after_steps(*pg, ddp::Sharding::kFull, 3, directory, CheckpointFormat::kSharded);
+    check_resume_matches(*pg, ddp::Sharding::kNone, 3, directory, CheckpointFormat::kSharded);
+    save_after_steps(*pg, ddp::Sharding::kNone, 2, directory, CheckpointFormat::kSharded);
+    check_resume_matches(*pg, ddp::Sharding::kGradients, 2, directory, CheckpointFormat::kSharded);
+    std::filesystem::remove_all(directory);
   }));
 }
 

@@ -372,9 +372,16 @@ void train_steps(ProcessGroup& pg, Trained& trained, int from, int to) {
 
 }  // namespace
 
-void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path) {
+void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path,
+                      CheckpointFormat format) {
   Trained trained = make_trained(pg, sharding);
   train_steps(pg, trained, 0, steps);
+  if (format == CheckpointFormat::kSharded) {
+    trained.model->save_sharded_checkpoint(path, trained.optimizer.get(), [&](torch::serialize::OutputArchive& extra) {
+      extra.write("steps", c10::IValue(static_cast<std::int64_t>(steps)));
+    });
+    return;
+  }
   torch::serialize::OutputArchive model_archive, optimizer_archive;
   trained.model->save_module(model_archive);  // gathered bucket by bucket, whatever the module holds
   trained.model->save_optimizer_state(*trained.optimizer, optimizer_archive);
@@ -384,14 +391,23 @@ void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std:
   });
 }
 
-void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path) {
+void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path,
+                          CheckpointFormat format) {
   Trained trained = make_trained(pg, sharding);
-  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-  checkpoint::load(archive, path);
-  archive.read("model", model_archive);
-  archive.read("optimizer", optimizer_archive);
-  trained.model->module()->load(model_archive);
-  trained.model->load_optimizer_state(*trained.optimizer, optimizer_archive);
+  if (format == CheckpointFormat::kSharded) {
+    trained.model->load_sharded_checkpoint(path, trained.optimizer.get(), [&](torch::serialize::InputArchive& extra) {
+      c10::IValue saved_steps;
+      extra.read("steps", saved_steps);
+      if (saved_steps.toInt() != steps) throw std::runtime_error("the checkpoint's extra state did not come back");
+    });
+  } else {
+    torch::serialize::InputArchive archive, model_archive, optimizer_archive;
+    checkpoint::load(archive, path);
+    archive.read("model", model_archive);
+    archive.read("optimizer", optimizer_archive);
+    trained.model->load_module(model_archive);
+    trained.model->load_optimizer_state(*trained.optimizer, optimizer_archive);
+  }
   train_steps(pg, trained, steps, steps + 1);
   trained.model->gather_parameters();
 

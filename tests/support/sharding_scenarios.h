@@ -51,6 +51,12 @@ void check_memory_report(ProcessGroup& pg);
 /// process, and holds at most two units gathered at once.
 void check_units_gather_one_at_a_time(ProcessGroup& pg);
 
+/// How a checkpoint holds the model and its optimizer state.
+enum class CheckpointFormat {
+  kWhole,    ///< save_module and save_optimizer_state, in one file rank 0 writes
+  kSharded,  ///< save_sharded_checkpoint: a directory, one file per rank and a manifest
+};
+
 /// Checkpoints across modes and world sizes. Every step's global batch is 12
 /// samples, split evenly over the ranks (1, 2, 3 or 4), so a run at any world
 /// size trains the same model. save_after_steps trains `steps` steps in
@@ -58,8 +64,10 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg);
 /// check_resume_matches loads it in `sharding` at this world size, trains one
 /// more step, and compares with one process that trained steps + 1 steps.
 /// AdamW, fused on a GPU.
-void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path);
-void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path);
+void save_after_steps(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path,
+                      CheckpointFormat format = CheckpointFormat::kWhole);
+void check_resume_matches(ProcessGroup& pg, Sharding sharding, int steps, const std::string& path,
+                          CheckpointFormat format = CheckpointFormat::kWhole);
 
 /// A GradScaler over sharded gradients: an inf in one rank's shard makes
 /// every rank skip the step, and the ranks stay equal.
