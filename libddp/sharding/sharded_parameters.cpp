@@ -246,8 +246,9 @@ at::Tensor ShardedParameters::part_of(std::size_t index, const at::Tensor& value
   if (it == fragment_of_.end()) return {};
   const Fragment& fragment = fragments_[it->second];
   const at::Tensor& parameter = parameters_[index];
-  // Laid out as the parameter, so that its memory order is the fragment's.
-  at::Tensor laid_out = at::empty_strided(parameter.sizes(), flat_layout_strides(parameter), parameter.options());
+  // Laid out as the parameter, so that its memory order is the fragment's,
+  // on the fragment's device (Module::load may have moved the parameter).
+  at::Tensor laid_out = at::empty_strided(parameter.sizes(), flat_layout_strides(parameter), fragment.value.options());
   laid_out.copy_(values);
   return alias(laid_out, fragment.begin, {fragment.value.numel()}, {1}).clone();
 }

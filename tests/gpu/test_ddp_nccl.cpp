@@ -45,6 +45,11 @@ TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
       ShardingScenario scenario;
       scenario.sharding = sharding;
       scenario.fused_optimizer = true;
+      // Each mode against plain DDP stays at 1e-6; the one process on the
+      // whole batch sums its GEMMs in another order on the GPU, and AdamW turns
+      // such roundings of near-zero gradient elements into steps of up to lr
+      // (2 GPUs, 2026-11-25: clipping norms 5.6e-5 apart).
+      scenario.reference_tolerance = 1e-3;
       check_sharded_matches(*pg, scenario);
       scenario.options.bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005);
       check_sharded_matches(*pg, scenario);
