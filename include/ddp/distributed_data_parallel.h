@@ -294,11 +294,12 @@ class DistributedDataParallel {
   /// iterations). Collective; the archive is filled on rank 0, which saves
   /// it (checkpoint::save_on_rank0).
   void save_module(torch::serialize::OutputArchive& archive) { core_->save_module(archive); }
-  /// Loads what save_module() (or Module::save) wrote into the module, in any
-  /// mode and at any world size, keeping every tensor on this rank's device
-  /// (Module::load alone moves tensors to the archive's device). Sharded
-  /// parameters stay where they were loaded until the next forward takes
-  /// them in, one bucket at a time.
+  /// Loads what save_module() (or Module::save) wrote into the module, in
+  /// any mode and at any world size, in place: every tensor keeps its device
+  /// and its autograd hooks (Module::load moves a parameter to the archive's
+  /// device, which drops the hooks DDP installed on it). Sharded parameters
+  /// go into this rank's shards; the next forward gathers them. UsageError
+  /// naming a tensor the archive lacks or holds in another shape.
   void load_module(torch::serialize::InputArchive& archive) { core_->load_module(archive); }
 
   /// Writes into `archive` the state of `optimizer` (built over

@@ -2,8 +2,14 @@
 
 #include <unordered_map>
 
+#include <c10/core/GradMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/module.h>
+#include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
+
+#include <ddp/errors.h>
 
 #include "sharding/sharded_parameters.h"
 
@@ -30,7 +36,57 @@ void write(const torch::nn::Module& module, const HostCopies& host, torch::seria
   }
 }
 
+using TrainedIndex = std::unordered_map<const c10::TensorImpl*, std::size_t>;
+
+// Module::load's walk, writing in place.
+void read(torch::nn::Module& module, const std::string& path, const TrainedIndex& trained, ShardedParameters* sharded,
+          torch::serialize::InputArchive& archive) {
+  const auto take = [&](const std::string& key, at::Tensor& target, bool is_buffer) {
+    const std::string name = path.empty() ? key : path + "." + key;
+    at::Tensor loaded;
+    if (!archive.try_read(key, loaded, is_buffer)) {
+      throw UsageError(
+          fmt::format("libddp: the checkpoint has no '{}' of this model; it belongs to another model", name));
+    }
+    if (loaded.sizes() != target.sizes()) {
+      throw UsageError(
+          fmt::format("libddp: the checkpoint holds '{}' of shape [{}], the model's is [{}]; it belongs "
+                      "to another model",
+                      name, fmt::join(loaded.sizes(), ", "), fmt::join(target.sizes(), ", ")));
+    }
+    auto it = trained.find(target.unsafeGetTensorImpl());
+    if (sharded != nullptr && it != trained.end()) {
+      const at::Tensor fragment = sharded->fragment_of(it->second);
+      if (fragment.defined()) fragment.copy_(sharded->part_of(it->second, loaded));
+    } else {
+      target.detach().copy_(loaded);
+    }
+  };
+  for (auto& parameter : module.named_parameters(/*recurse=*/false)) take(parameter.key(), parameter.value(), false);
+  for (auto& buffer : module.named_buffers(/*recurse=*/false)) take(buffer.key(), buffer.value(), true);
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    torch::serialize::InputArchive child_archive;
+    if (!archive.try_read(child.key(), child_archive)) {
+      throw UsageError(
+          fmt::format("libddp: the checkpoint has no module '{}' of this model; it belongs to another "
+                      "model",
+                      path.empty() ? child.key() : path + "." + child.key()));
+    }
+    read(*child.value(), path.empty() ? child.key() : path + "." + child.key(), trained, sharded, child_archive);
+  }
+}
+
 }  // namespace
+
+void load_module_state(torch::nn::Module& module, const std::vector<at::Tensor>& parameters, ShardedParameters* sharded,
+                       torch::serialize::InputArchive& archive) {
+  c10::NoGradGuard no_grad;
+  TrainedIndex trained;
+  for (std::size_t i = 0; i < parameters.size(); ++i) trained[parameters[i].unsafeGetTensorImpl()] = i;
+  read(module, "", trained, sharded, archive);
+  if (sharded != nullptr) sharded->shards_written();
+}
 
 void save_module_state(const torch::nn::Module& module, const std::vector<at::Tensor>& parameters,
                        ShardedParameters& sharded, int rank, torch::serialize::OutputArchive& archive) {

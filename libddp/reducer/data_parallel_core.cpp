@@ -249,24 +249,7 @@ void DataParallelCore::save_module(torch::serialize::OutputArchive& archive) {
 }
 
 void DataParallelCore::load_module(torch::serialize::InputArchive& archive) {
-  module_->load(archive);
-  // Module::load gives a tensor the archive's device where it differs
-  // (save_module writes host tensors): move the rest back now; the sharded
-  // parameters go into their buckets at the next forward, one at a time.
-  c10::NoGradGuard no_grad;
-  const c10::Device device = process_group_->device();
-  std::unordered_set<const c10::TensorImpl*> sharded;
-  if (sharded_) {
-    for (const at::Tensor& parameter : trained_) sharded.insert(parameter.unsafeGetTensorImpl());
-  }
-  for (at::Tensor& parameter : module_->parameters()) {
-    if (parameter.device() != device && sharded.count(parameter.unsafeGetTensorImpl()) == 0) {
-      parameter.set_data(parameter.to(device));
-    }
-  }
-  for (at::Tensor& buffer : module_->buffers()) {
-    if (buffer.device() != device) buffer.set_data(buffer.to(device));
-  }
+  load_module_state(*module_, trained_, sharded_.get(), archive);
 }
 
 void DataParallelCore::save_optimizer_state(const torch::optim::Optimizer& optimizer,
