@@ -16,13 +16,18 @@ namespace checkpoint {
 
 /// Writes `archive` to `path` so that `path` always holds either the previous
 /// complete checkpoint or the new one, never a torn file: the bytes go to a
-/// temporary file in the same directory, which is flushed to disk (fsync) and
-/// renamed over `path`; then the directory entry is flushed too. Throws Error
-/// naming the path and the failing call.
+/// temporary file in the same directory, sealed with a checksum of its bytes
+/// (XXH64, in a 32-byte trailer LibTorch's reader ignores), flushed to disk
+/// (fsync) and renamed over `path`; then the directory entry is flushed too.
+/// Temporary files an interrupted save of `path` left are removed first.
+/// Throws Error naming the path and the failing call.
 void save(torch::serialize::OutputArchive& archive, const std::string& path);
 
-/// Loads a checkpoint written by save(). Throws UsageError naming the path
-/// when it is missing, unreadable, or not a checkpoint (truncated or corrupt).
+/// Loads a checkpoint written by save(), first checking its seal. Throws
+/// UsageError naming the path when it is missing, unreadable, not a
+/// checkpoint, truncated, or damaged (its bytes no longer match the
+/// checksum). A file without a seal (Module::save's, or an older libddp's)
+/// is read unchecked.
 void load(torch::serialize::InputArchive& archive, const std::string& path);
 
 /// Whether `directory` holds a committed sharded checkpoint

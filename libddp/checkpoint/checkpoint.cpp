@@ -14,6 +14,8 @@
 #include <ddp/errors.h>
 #include <ddp/process_group.h>
 
+#include "checkpoint/checksum.h"
+
 namespace ddp::checkpoint {
 namespace {
 
@@ -28,6 +30,17 @@ void sync_to_disk(const std::string& path, bool directory) {
   if (result != 0) throw Error(fmt::format("checkpoint: fsync('{}') failed: {}", path, std::strerror(saved_errno)));
 }
 
+/// Removes what an interrupted save of `target` left: `<target>.tmp.<pid>` files.
+void remove_partial_files(const std::filesystem::path& target) {
+  std::error_code error;
+  const std::string prefix = target.filename().string() + ".tmp.";
+  const std::filesystem::path directory = target.has_parent_path() ? target.parent_path() : ".";
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) std::filesystem::remove(entry.path(), error);
+  }
+}
+
 }  // namespace
 
 void save(torch::serialize::OutputArchive& archive, const std::string& path) {
@@ -36,10 +49,12 @@ void save(torch::serialize::OutputArchive& archive, const std::string& path) {
   std::error_code error;
   std::filesystem::create_directories(directory, error);
   if (error) throw Error(fmt::format("checkpoint: cannot create directory '{}': {}", directory.string(), error.message()));
+  remove_partial_files(target);
   // Same directory as the target, so that rename() is atomic (one filesystem).
   const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
   try {
     archive.save_to(temporary);
+    detail::seal_file(temporary);
     sync_to_disk(temporary, /*directory=*/false);
     if (::rename(temporary.c_str(), path.c_str()) != 0) {
       throw Error(fmt::format("checkpoint: rename('{}', '{}') failed: {}", temporary, path, std::strerror(errno)));
@@ -60,6 +75,7 @@ void load(torch::serialize::InputArchive& archive, const std::string& path) {
                                  "without resuming",
                                  path));
   }
+  detail::verify_seal(path);
   try {
     archive.load_from(path);
   } catch (const std::exception& e) {

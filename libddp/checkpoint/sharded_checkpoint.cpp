@@ -138,10 +138,10 @@ c10::IValue read(torch::serialize::InputArchive& archive, const std::string& pat
   return value;
 }
 
-/// Removes the files of earlier checkpoints in `directory`, once `id`'s
-/// manifest is committed.
+/// Removes the files of earlier checkpoints in `directory` (and what an
+/// interrupted save left of them), once `id`'s manifest is committed.
 void remove_stale_files(const std::string& directory, const std::string& id) {
-  static const std::regex pattern("([0-9a-f]{16})\\.rank[0-9]+\\.pt");
+  static const std::regex pattern("([0-9a-f]{16})\\.rank[0-9]+\\.pt(\\.tmp\\.[0-9]+)?");
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
     std::smatch match;

@@ -8,6 +8,7 @@
 
 #include <ddp/ddp.h>
 
+#include "checkpoint/checksum.h"
 #include "support/multiprocess.h"
 
 namespace {
@@ -100,6 +101,85 @@ TEST_F(Checkpoint, MissingAndCorruptCheckpointsAreNamed) {
     EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   }
+}
+
+// XXH64 as its reference implementation computes it (python-xxhash 3.x),
+// whole and fed in pieces of every size.
+TEST(Checksum, Xxh64MatchesTheReference) {
+  const auto of = [](const std::string& bytes) {
+    ddp::detail::Xxh64 hash;
+    hash.update(bytes.data(), bytes.size());
+    return hash.digest();
+  };
+  EXPECT_EQ(of(""), 0xEF46DB3751D8E999ULL);
+  EXPECT_EQ(of("a"), 0xD24EC4F1A98C6E5BULL);
+  EXPECT_EQ(of("abc"), 0x44BC2CF5AD770999ULL);
+  std::string pattern;
+  for (int i = 0; i < 1000; ++i) pattern.push_back(static_cast<char>((i * 31 + 7) % 251));
+  EXPECT_EQ(of(pattern), 0x9E3300C1CDE3C58DULL);
+  for (std::size_t piece : {1, 3, 7, 31, 32, 33, 100}) {
+    ddp::detail::Xxh64 hash;
+    for (std::size_t at = 0; at < pattern.size(); at += piece) {
+      hash.update(pattern.data() + at, std::min(piece, pattern.size() - at));
+    }
+    EXPECT_EQ(hash.digest(), 0x9E3300C1CDE3C58DULL) << "pieces of " << piece;
+  }
+}
+
+// Eight flipped bytes anywhere in a real checkpoint (a module, optimizer
+// state, metadata: every record of its zip) are refused with one clear line,
+// where LibTorch's reader alone would load some of them and train on NaNs.
+TEST_F(Checkpoint, FlippedBytesAnywhereAreRefused) {
+  const std::string path = (directory_ / "ckpt.pt").string();
+  torch::nn::Sequential model(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 8));
+  torch::optim::AdamW optimizer(model->parameters());
+  model->forward(torch::ones({2, 64})).sum().backward();
+  optimizer.step();
+  torch::serialize::OutputArchive archive, module_archive, optimizer_archive;
+  model->save(module_archive);
+  optimizer.save(optimizer_archive);
+  archive.write("model", module_archive);
+  archive.write("optimizer", optimizer_archive);
+  archive.write("step", c10::IValue(static_cast<std::int64_t>(7)));
+  ddp::checkpoint::save(archive, path);
+  std::string original;
+  {
+    std::ifstream in(path, std::ios::binary);
+    original.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::size_t data = original.size() - 32;  // the seal is the last 32 bytes
+  int refused = 0, tries = 0;
+  for (std::size_t at = 0; at + 8 <= data; at += data / 97) {
+    std::string damaged = original;
+    for (std::size_t i = at; i < at + 8; ++i) damaged[i] = static_cast<char>(~damaged[i]);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << damaged;
+    ++tries;
+    try {
+      torch::serialize::InputArchive loaded;
+      ddp::checkpoint::load(loaded, path);
+    } catch (const ddp::UsageError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("is damaged"), std::string::npos) << "flipped at " << at << ": " << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, tries);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << original;
+  torch::serialize::InputArchive intact;
+  ddp::checkpoint::load(intact, path);  // the seal itself does not disturb LibTorch's reader
+}
+
+// What an interrupted save left beside the checkpoint goes at the next save.
+TEST_F(Checkpoint, PartialFilesOfAnInterruptedSaveAreRemoved) {
+  const std::string path = (directory_ / "ckpt.pt").string();
+  fs::create_directories(directory_);
+  std::ofstream(path + ".tmp.12345") << "half a checkpoint";
+  std::ofstream(directory_ / "other.pt.tmp.12345") << "another file's";
+  auto archive = archive_with(3.0);
+  ddp::checkpoint::save(archive, path);
+  EXPECT_EQ(files(), (std::vector<std::string>{"ckpt.pt", "other.pt.tmp.12345"}));
+  EXPECT_EQ(value_in(path), 3.0);
 }
 
 #ifdef DDP_TEST_WITH_GLOO
