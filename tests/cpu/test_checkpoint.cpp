@@ -127,8 +127,8 @@ TEST(Checksum, Xxh64MatchesTheReference) {
 }
 
 // Eight flipped bytes anywhere in a real checkpoint (a module, optimizer
-// state, metadata: every record of its zip) are refused with one clear line,
-// where LibTorch's reader alone would load some of them and train on NaNs.
+// state, metadata: every record of its zip) are refused with one clear line;
+// LibTorch's reader alone accepted such a file and training went on with NaNs.
 TEST_F(Checkpoint, FlippedBytesAnywhereAreRefused) {
   const std::string path = (directory_ / "ckpt.pt").string();
   torch::nn::Sequential model(torch::nn::Linear(64, 64), torch::nn::ReLU(), torch::nn::Linear(64, 8));
