@@ -17,8 +17,9 @@ struct InitOptions {
   /// Unset: the DDP_BACKEND variable ("nccl"/"gloo"), else NCCL when a GPU is
   /// visible and libddp has NCCL, else Gloo.
   TORCH_ARG(std::optional<Backend>, backend) = std::nullopt;
-  /// Deadline of every collective.
-  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(10);
+  /// Deadline of every collective. Unset: DDP_TIMEOUT seconds (ddprun
+  /// --timeout sets it), else 10 minutes.
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, timeout) = std::nullopt;
   /// How long rank 0 waits for the others to connect, and they for rank 0.
   /// Unset: DDP_RDZV_TIMEOUT seconds (ddprun --rdzv-timeout sets it), else 5 minutes.
   TORCH_ARG(std::optional<std::chrono::milliseconds>, rendezvous_timeout) = std::nullopt;

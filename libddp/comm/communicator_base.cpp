@@ -120,7 +120,8 @@ CommunicatorBase::CommunicatorBase(Setup setup)
     : rank_(setup.rank),
       world_size_(setup.world_size),
       timeout_(setup.timeout),
-      board_(setup.store, "ddp/progress/" + setup.name + "/", setup.rank, setup.world_size) {}
+      board_(setup.store, "ddp/progress/" + setup.name + "/", setup.rank, setup.world_size,
+             std::move(setup.reconnect)) {}
 
 CommunicatorBase::~CommunicatorBase() { stop_watchdog(); }
 
@@ -303,7 +304,7 @@ std::string CommunicatorBase::describe_failure(std::uint64_t sequence, const std
   return fmt::format(
       "{}\nProgress of the other ranks:{}\nEvery rank must issue the same collectives in the same order. Look at "
       "the output of the ranks named above; if the work between two collectives legitimately takes longer than "
-      "the timeout, raise it with ddp::InitOptions().timeout(...).",
+      "the timeout, raise it with DDP_TIMEOUT=SECONDS (ddprun --timeout) or ddp::InitOptions().timeout(...).",
       headline, board_.describe_peers(sequence, op, kind == Failure::kTimeout));
 }
 

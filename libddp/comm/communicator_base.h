@@ -97,6 +97,7 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
     int world_size = 1;
     std::chrono::milliseconds timeout{0};
     c10::intrusive_ptr<c10d::Store> store;  ///< For progress reports.
+    ProgressBoard::Reconnect reconnect;     ///< For reading them when a collective fails (may be empty).
     std::string name;                       ///< Distinguishes communicators in the store.
   };
 

@@ -1,6 +1,12 @@
 #include "comm/progress_board.h"
 
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -9,6 +15,9 @@
 
 namespace ddp::detail {
 namespace {
+
+/// How long a failing rank's report waits for the other ranks' records.
+constexpr std::chrono::seconds kReportDeadline{5};
 
 std::string encode(const Progress& p) {
   return fmt::format("{} {} {} {}", p.issued, p.issued_op.empty() ? "-" : p.issued_op, p.completed,
@@ -27,9 +36,13 @@ bool Progress::operator==(const Progress& other) const {
          completed_op == other.completed_op;
 }
 
-ProgressBoard::ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank,
-                             int world_size)
-    : store_(std::move(store)), key_prefix_(std::move(key_prefix)), rank_(rank), world_size_(world_size) {}
+ProgressBoard::ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int world_size,
+                             Reconnect reconnect)
+    : store_(std::move(store)),
+      key_prefix_(std::move(key_prefix)),
+      rank_(rank),
+      world_size_(world_size),
+      reconnect_(std::move(reconnect)) {}
 
 void ProgressBoard::publish(const Progress& progress) noexcept {
   try {
@@ -40,29 +53,58 @@ void ProgressBoard::publish(const Progress& progress) noexcept {
 }
 
 std::string ProgressBoard::describe_peers(std::uint64_t sequence, const std::string& op, bool conclusive) const {
+  // The records are read on a thread of their own, through a connection of
+  // their own, so that a store that never answers (its server, rank 0, is
+  // stopped) costs this report at most kReportDeadline: that thread is then
+  // left blocked on its private connection, and the process is ending anyway.
+  using Records = std::vector<std::optional<std::string>>;  // per rank; nullopt: none published
+  auto promise = std::make_shared<std::promise<Records>>();
+  std::future<Records> future = promise->get_future();
+  std::thread([promise, store = store_, reconnect = reconnect_, prefix = key_prefix_, rank = rank_,
+               world_size = world_size_]() mutable {
+    try {
+      if (reconnect) store = reconnect();
+      Records records(static_cast<std::size_t>(world_size));
+      for (int peer = 0; peer < world_size; ++peer) {
+        const std::string key = prefix + std::to_string(peer);
+        if (peer == rank || !store->check({key})) continue;
+        const auto bytes = store->get(key);
+        records[static_cast<std::size_t>(peer)] = std::string(bytes.begin(), bytes.end());
+      }
+      promise->set_value(std::move(records));
+    } catch (...) {
+      promise->set_exception(std::current_exception());
+    }
+  }).detach();
+  Records records;
+  try {
+    if (future.wait_for(kReportDeadline) != std::future_status::ready) {
+      throw std::runtime_error(fmt::format("no answer within {} s", kReportDeadline.count()));
+    }
+    records = future.get();
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    reason = reason.substr(0, reason.find('\n'));
+    return fmt::format(
+        "\n  the rendezvous store, which rank 0 serves at MASTER_ADDR:MASTER_PORT, did not answer: rank 0 is "
+        "stopped, hung or has exited, and is the suspect ({})",
+        reason);
+  }
   std::string lines;
   std::vector<int> behind;
   std::vector<int> diverged;
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
-    const std::string key = key_prefix_ + std::to_string(peer);
+    const std::optional<std::string>& record = records[static_cast<std::size_t>(peer)];
     Progress p;
-    try {
-      if (!store_->check({key})) {
-        lines += fmt::format("\n  rank {}: published no progress (it issued no collective yet)", peer);
-        behind.push_back(peer);
-        continue;
-      }
-      const auto bytes = store_->get(key);
-      if (!decode(std::string(bytes.begin(), bytes.end()), p)) {
-        lines += fmt::format("\n  rank {}: unreadable progress record", peer);
-        continue;
-      }
-    } catch (const std::exception& e) {
-      return fmt::format(
-          "\n  the other ranks' progress is unknown: the rendezvous store (served by rank 0 at "
-          "MASTER_ADDR:MASTER_PORT) did not answer, so rank 0 has probably exited ({})",
-          e.what());
+    if (!record) {
+      lines += fmt::format("\n  rank {}: published no progress (it issued no collective yet)", peer);
+      behind.push_back(peer);
+      continue;
+    }
+    if (!decode(*record, p)) {
+      lines += fmt::format("\n  rank {}: unreadable progress record", peer);
+      continue;
     }
     lines += fmt::format("\n  rank {}: issued #{} ({}), completed #{} ({})", peer, p.issued, p.issued_op,
                          p.completed, p.completed_op);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -21,7 +22,16 @@ struct Progress {
 /// desync debugging).
 class ProgressBoard {
  public:
-  ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int world_size);
+  /// A new client of the same store (its own connection, so that a read
+  /// left waiting holds no lock the other threads need).
+  using Reconnect = std::function<c10::intrusive_ptr<c10d::Store>()>;
+
+  /// `reconnect` (may be empty: the shared client is read) serves
+  /// describe_peers(), which gives the store a few seconds to answer: a
+  /// failing rank's report must not wait on a store whose server, rank 0,
+  /// is stopped or hung.
+  ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int world_size,
+                Reconnect reconnect = nullptr);
 
   /// Publishes this rank's progress. Store failures are swallowed: progress
   /// reports are diagnostics and must never be the cause of an error.
@@ -30,7 +40,8 @@ class ProgressBoard {
   /// One line per other rank, saying how far it got relative to collective
   /// `sequence` (named `op`) of this rank. When `conclusive` (the collective
   /// timed out, so published progress is far fresher than the failure) it
-  /// also names the ranks that are behind or diverged.
+  /// also names the ranks that are behind or diverged. When the store does
+  /// not answer in time, it names rank 0, which serves it, as the suspect.
   std::string describe_peers(std::uint64_t sequence, const std::string& op, bool conclusive) const;
 
  private:
@@ -38,6 +49,7 @@ class ProgressBoard {
   std::string key_prefix_;
   int rank_;
   int world_size_;
+  Reconnect reconnect_;
 };
 
 }  // namespace ddp::detail

@@ -100,6 +100,8 @@ options:
   --tee                            with --log-dir: to the console as well
   --rdzv-timeout SECONDS           how long workers wait for each other to join;
                                    passed as DDP_RDZV_TIMEOUT
+  --timeout SECONDS                deadline of every collective (default 600);
+                                   passed as DDP_TIMEOUT
   --help                           this text
 
 Under SLURM (srun, one ddprun per node) with none of --nnodes, --node-rank,
@@ -159,6 +161,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
       options.tee = true;
     } else if (flag == "--rdzv-timeout") {
       options.rdzv_timeout_s = parse_int("--rdzv-timeout", value(), 1, 1 << 24);
+    } else if (flag == "--timeout") {
+      options.timeout_s = parse_int("--timeout", value(), 1, 1 << 24);
     } else if (flag.rfind("-", 0) == 0) {
       throw LaunchUsageError(fmt::format("unknown option '{}'", args[i]));
     } else {

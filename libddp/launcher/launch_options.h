@@ -24,6 +24,7 @@ struct LaunchOptions {
   std::string log_dir;  ///< Empty: worker output goes to the console.
   bool tee = false;     ///< With log_dir: to the console as well.
   int rdzv_timeout_s = 0;  ///< 0: leave DDP_RDZV_TIMEOUT as the environment has it.
+  int timeout_s = 0;       ///< 0: leave DDP_TIMEOUT (the collectives' deadline) as the environment has it.
   std::string slurm_job_id;  ///< Set when the node options came from SLURM.
   std::chrono::milliseconds grace_period{5000};  ///< SIGTERM to SIGKILL when tearing down.
   std::vector<std::string> command;              ///< Program and its arguments.

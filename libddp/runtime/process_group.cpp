@@ -37,18 +37,36 @@ Backend choose_backend(const InitOptions& options) {
   return is_available(Backend::kNccl) && torch::cuda::is_available() ? Backend::kNccl : Backend::kGloo;
 }
 
+/// A duration set in seconds by the variable `name`, if it is set.
+std::optional<std::chrono::milliseconds> seconds_from_env(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::nullopt;
+  char* end = nullptr;
+  const double seconds = std::strtod(text, &end);
+  if (*text == '\0' || *end != '\0' || !(seconds > 0)) {
+    throw UsageError(fmt::format("{} must be a positive number of seconds, got '{}'", name, text));
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
 std::chrono::milliseconds choose_rendezvous_timeout(const InitOptions& options) {
   if (options.rendezvous_timeout()) return *options.rendezvous_timeout();
-  if (const char* text = std::getenv("DDP_RDZV_TIMEOUT")) {
-    char* end = nullptr;
-    const double seconds = std::strtod(text, &end);
-    if (*text == '\0' || *end != '\0' || !(seconds > 0)) {
-      throw UsageError(fmt::format("DDP_RDZV_TIMEOUT must be a positive number of seconds, got '{}'", text));
-    }
-    return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
-  }
-  return std::chrono::minutes(5);
+  return seconds_from_env("DDP_RDZV_TIMEOUT").value_or(std::chrono::minutes(5));
 }
+
+std::chrono::milliseconds choose_timeout(const InitOptions& options) {
+  if (options.timeout()) {
+    if (options.timeout()->count() <= 0) {
+      throw UsageError(fmt::format("InitOptions::timeout must be positive, got {} ms", options.timeout()->count()));
+    }
+    return *options.timeout();
+  }
+  return seconds_from_env("DDP_TIMEOUT").value_or(std::chrono::minutes(10));
+}
+
+/// How long a failing rank's report waits for the store: a few seconds, so
+/// that a stopped rank 0 (which serves it) is named soon after the timeout.
+constexpr std::chrono::seconds kReportStoreTimeout{5};
 
 void check_backend_usable(Backend backend, const Environment& env) {
   if (!is_available(backend)) {
@@ -160,16 +178,22 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   const Environment& env = state->environment;
   const Backend backend = choose_backend(options);
   check_backend_usable(backend, env);
-  if (options.timeout().count() <= 0) {
-    throw UsageError(fmt::format("InitOptions::timeout must be positive, got {} ms", options.timeout().count()));
-  }
+  const std::chrono::milliseconds timeout = choose_timeout(options);
 
   state->store = rendezvous(env, choose_rendezvous_timeout(options));
   detail::CommunicatorBase::Setup setup;
   setup.rank = env.rank;
   setup.world_size = env.world_size;
-  setup.timeout = options.timeout();
+  setup.timeout = timeout;
   setup.store = state->store;
+  setup.reconnect = [address = env.master_addr, port = env.master_port]() -> c10::intrusive_ptr<c10d::Store> {
+    c10d::TCPStoreOptions client;
+    client.port = port;
+    client.isServer = false;
+    client.waitWorkers = false;
+    client.timeout = kReportStoreTimeout;
+    return c10::make_intrusive<c10d::TCPStore>(address, client);
+  };
   setup.name = "world";
   state->communicator = make_communicator(backend, setup, env.local_rank);
   return std::make_shared<ProcessGroup>(std::move(state));

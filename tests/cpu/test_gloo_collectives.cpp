@@ -2,6 +2,7 @@
 // the survivors see when a rank dies or stalls.
 
 #include <chrono>
+#include <csignal>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -139,6 +140,41 @@ TEST(GlooFailures, StalledRankIsNamedWhenTheCollectiveTimesOut) {
     require_contains(message, "rank(s) 1 have not issued #2");
   });
   expect_all_succeeded(outcomes);
+}
+
+// A stopped rank 0 (kill -STOP) stops the rendezvous store it serves too: the
+// rank whose collective times out must still report within the timeout plus
+// a few seconds, naming rank 0, instead of waiting on the store. The timeout
+// comes from DDP_TIMEOUT, as ddprun --timeout passes it.
+TEST(GlooFailures, AStoppedRankZeroIsNamedInBoundedTime) {
+  RunOptions options;
+  options.env = {{"DDP_TIMEOUT", "2"}};
+  options.timeout = std::chrono::seconds(12);  // then the harness kills the stopped rank 0
+  const auto outcomes = run_ranks(
+      2,
+      [](int rank) {
+        auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo));
+        auto& comm = pg->communicator();
+        check_broadcast(comm, at::kFloat, 100, 0);
+        if (rank == 0) {
+          ::raise(SIGSTOP);
+          return;
+        }
+        const auto start = Clock::now();
+        const std::string message = collective_error_of([&] {
+          at::Tensor tensor = at::ones({10});
+          comm.all_reduce(tensor)->wait();
+        });
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        require(seconds < 2 + 5 + 3, "rank 1 reported after " + std::to_string(seconds) + " s");
+        require_contains(message, "timed out after 2000 ms");
+        require_contains(message, "rank 0 is stopped, hung or has exited, and is the suspect");
+      },
+      options);
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[1].exit_code, 0) << outcomes[1].error;
+  EXPECT_LT(outcomes[1].seconds, 11) << "rank 1 took " << outcomes[1].seconds << " s";
+  EXPECT_TRUE(outcomes[0].hung);  // stopped until the harness killed it
 }
 
 TEST(GlooFailures, CollectivesInADifferentOrderAreReported) {

@@ -98,16 +98,16 @@ TEST(Ddprun, TakenPortOnlyMattersOnNodeRank0) {
 TEST(Ddprun, OneProcessEnvironment) {
   ScratchDir scratch;
   const int port = free_port();
-  const DdprunResult result =
-      run_ddprun({"--nproc-per-node", "1", "--master-port", std::to_string(port), PROBE_PATH, "env", scratch.path()},
-                 scratch,
-                 {{"RANK", "99"},
-                  {"WORLD_SIZE", "99"},
-                  {"DDPRUN_TEST_PASSTHROUGH", "a b=c"},
-                  {"NCCL_NVLS_ENABLE", "0"},
-                  {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"},
-                  {"OMP_NUM_THREADS", std::nullopt},
-                  {"DDP_RDZV_TIMEOUT", std::nullopt}});
+  const DdprunResult result = run_ddprun(
+      {"--nproc-per-node", "1", "--master-port", std::to_string(port), PROBE_PATH, "env", scratch.path()}, scratch,
+      {{"RANK", "99"},
+       {"WORLD_SIZE", "99"},
+       {"DDPRUN_TEST_PASSTHROUGH", "a b=c"},
+       {"NCCL_NVLS_ENABLE", "0"},
+       {"TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"},
+       {"OMP_NUM_THREADS", std::nullopt},
+       {"DDP_RDZV_TIMEOUT", std::nullopt},
+       {"DDP_TIMEOUT", std::nullopt}});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto env = probe_env(scratch, 0);
   expect_coordinates(env, {0, 0, 1, 1, 0, 1, "127.0.0.1"});
@@ -118,14 +118,15 @@ TEST(Ddprun, OneProcessEnvironment) {
   EXPECT_EQ(env.at("TORCH_SYMM_MEM_DISABLE_MULTICAST"), "1");
   EXPECT_EQ(env.count("OMP_NUM_THREADS"), 0u) << "one process per node needs no thread limit";
   EXPECT_EQ(env.count("DDP_RDZV_TIMEOUT"), 0u);
+  EXPECT_EQ(env.count("DDP_TIMEOUT"), 0u);
   EXPECT_TRUE(contains(result.output, "rank 0: exited with code 0")) << result.output;
 }
 
 TEST(Ddprun, ThreeProcessEnvironment) {
   ScratchDir scratch;
-  const DdprunResult result =
-      run_ddprun({"--standalone", "--nproc-per-node", "3", "--rdzv-timeout", "42", PROBE_PATH, "env", scratch.path()},
-                 scratch, {{"OMP_NUM_THREADS", std::nullopt}});
+  const DdprunResult result = run_ddprun({"--standalone", "--nproc-per-node", "3", "--rdzv-timeout", "42", "--timeout",
+                                          "7", PROBE_PATH, "env", scratch.path()},
+                                         scratch, {{"OMP_NUM_THREADS", std::nullopt}});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "OMP_NUM_THREADS is unset; setting it to 1")) << result.output;
   std::string port;
@@ -134,6 +135,7 @@ TEST(Ddprun, ThreeProcessEnvironment) {
     expect_coordinates(env, {rank, rank, 3, 3, 0, 1, "127.0.0.1"});
     EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
     EXPECT_EQ(env.at("DDP_RDZV_TIMEOUT"), "42");
+    EXPECT_EQ(env.at("DDP_TIMEOUT"), "7");
     if (rank == 0) port = env.at("MASTER_PORT");
     EXPECT_EQ(env.at("MASTER_PORT"), port) << "all ranks must meet at one store";
   }
