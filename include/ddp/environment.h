@@ -16,6 +16,9 @@ struct Environment {
   int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: processes on this node. Default: WORLD_SIZE.
   std::string master_addr;   ///< MASTER_ADDR: host of rank 0, which serves the rendezvous store.
   std::uint16_t master_port = 0;  ///< MASTER_PORT: port of the rendezvous store.
+  /// TORCHELASTIC_RUN_ID: the job's identity (ddprun makes one per job, or
+  /// takes --rdzv-id). Rendezvous refuses a rank of another job. Empty: unset.
+  std::string run_id;
 
   /// Reads and validates the process environment. Throws UsageError naming
   /// the variable that is missing, not a number, or out of range.

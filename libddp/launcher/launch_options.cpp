@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include <fmt/format.h>
@@ -102,6 +103,10 @@ options:
                                    passed as DDP_RDZV_TIMEOUT
   --timeout SECONDS                deadline of every collective (default 600);
                                    passed as DDP_TIMEOUT
+  --rdzv-id ID                     the job's identity, passed as TORCHELASTIC_RUN_ID:
+                                   a worker that reaches another job's rendezvous
+                                   fails at once (default: random on one node,
+                                   SLURM's job id on several)
   --help                           this text
 
 Under SLURM (srun, one ddprun per node) with none of --nnodes, --node-rank,
@@ -163,6 +168,9 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
       options.rdzv_timeout_s = parse_int("--rdzv-timeout", value(), 1, 1 << 24);
     } else if (flag == "--timeout") {
       options.timeout_s = parse_int("--timeout", value(), 1, 1 << 24);
+    } else if (flag == "--rdzv-id") {
+      options.rdzv_id = value();
+      if (options.rdzv_id.empty()) throw LaunchUsageError("--rdzv-id is empty; give the job a name");
     } else if (flag.rfind("-", 0) == 0) {
       throw LaunchUsageError(fmt::format("unknown option '{}'", args[i]));
     } else {
@@ -205,6 +213,16 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
   if (options.node_rank >= options.nnodes) {
     throw LaunchUsageError(fmt::format("--node-rank {} must be smaller than --nnodes {} (node ranks count from 0)",
                                        options.node_rank, options.nnodes));
+  }
+  if (options.rdzv_id.empty()) {
+    // One node: a fresh identity per job. Several: every node's ddprun must
+    // name the same one, which only SLURM (or --rdzv-id) can give them.
+    if (options.nnodes == 1) {
+      std::random_device random;
+      options.rdzv_id = fmt::format("{:08x}{:08x}", random(), random());
+    } else if (!options.slurm_job_id.empty()) {
+      options.rdzv_id = "slurm-" + options.slurm_job_id;
+    }
   }
   if (!options.log_dir.empty()) require_writable_dir(options.log_dir);
   // Only node 0 serves the rendezvous store; elsewhere the port is remote.

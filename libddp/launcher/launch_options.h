@@ -25,6 +25,10 @@ struct LaunchOptions {
   bool tee = false;     ///< With log_dir: to the console as well.
   int rdzv_timeout_s = 0;  ///< 0: leave DDP_RDZV_TIMEOUT as the environment has it.
   int timeout_s = 0;       ///< 0: leave DDP_TIMEOUT (the collectives' deadline) as the environment has it.
+  /// The job's identity, TORCHELASTIC_RUN_ID of every worker (--rdzv-id).
+  /// Empty: a random one on a single node; on several, SLURM's job id, else
+  /// none (every node's ddprun would make a different one).
+  std::string rdzv_id;
   std::string slurm_job_id;  ///< Set when the node options came from SLURM.
   std::chrono::milliseconds grace_period{5000};  ///< SIGTERM to SIGKILL when tearing down.
   std::vector<std::string> command;              ///< Program and its arguments.

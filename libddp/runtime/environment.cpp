@@ -72,6 +72,7 @@ Environment Environment::parse(const Lookup& lookup) {
     throw UsageError(fmt::format("MASTER_ADDR is empty: it must name the host of rank 0. {}", kLaunchHint));
   }
   env.master_port = static_cast<std::uint16_t>(integer_in_range("MASTER_PORT", require(lookup, "MASTER_PORT"), 1, 65535));
+  env.run_id = lookup("TORCHELASTIC_RUN_ID").value_or("");
   return env;
 }
 

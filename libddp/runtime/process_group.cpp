@@ -124,14 +124,28 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
   }
 
   const std::string world_key = "ddp/rendezvous/world_size";
+  const std::string run_key = "ddp/rendezvous/run_id";
   const std::string count_key = "ddp/rendezvous/joined";
   const std::string done_key = "ddp/rendezvous/complete";
   try {
     if (env.rank == 0) {
+      // The job's identity first: a rank that sees the world size sees it too.
+      store->set(run_key, std::vector<uint8_t>(env.run_id.begin(), env.run_id.end()));
       const std::string world = std::to_string(env.world_size);
       store->set(world_key, std::vector<uint8_t>(world.begin(), world.end()));
     } else {
       store->wait({world_key}, timeout);
+      // Before this rank counts itself in: a rank of another job that reached
+      // this store (two jobs on one MASTER_PORT) must not join it.
+      const std::string run = read_string(*store, run_key);
+      if (run != env.run_id) {
+        const auto shown = [](const std::string& id) { return id.empty() ? std::string("<unset>") : "'" + id + "'"; };
+        throw UsageError(fmt::format(
+            "rank {} of job {} reached the rendezvous store at {}:{}, which serves job {}: two jobs use the same "
+            "MASTER_PORT. Give each job its own port (ddprun --standalone picks a free one) and start every rank "
+            "of a job with the same TORCHELASTIC_RUN_ID (ddprun sets it; --rdzv-id chooses it).",
+            env.rank, shown(env.run_id), env.master_addr, env.master_port, shown(run)));
+      }
       const std::string world = read_string(*store, world_key);
       if (world != std::to_string(env.world_size)) {
         throw UsageError(fmt::format("WORLD_SIZE differs between ranks: rank 0 has {}, rank {} has {}. Start every "

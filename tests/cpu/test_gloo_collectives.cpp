@@ -238,4 +238,35 @@ TEST(GlooFailures, RendezvousTimeoutComesFromTheLauncherVariable) {
   expect_rendezvous_timeout(ddp::InitOptions().backend(ddp::Backend::kGloo), options);
 }
 
+// Two jobs on one MASTER_PORT: a rank of job B that reaches job A's store
+// fails at once, naming both jobs and the port, instead of joining job A.
+TEST(GlooFailures, ARankOfAnotherJobIsRefusedAtRendezvous) {
+  RunOptions options;
+  options.env["DDP_RDZV_TIMEOUT"] = "3";
+  options.rank_env[0] = {{"TORCHELASTIC_RUN_ID", "job-a"}};
+  options.rank_env[1] = {{"TORCHELASTIC_RUN_ID", "job-b"}};
+  const auto outcomes = run_ranks(
+      2,
+      [](int rank) {
+        const auto start = Clock::now();
+        try {
+          ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo));
+        } catch (const ddp::UsageError& e) {
+          const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+          require(rank == 1, std::string("rank 0 was refused: ") + e.what());
+          require(seconds < 2, "refused after " + std::to_string(seconds) + " s");
+          require_contains(e.what(), "rank 1 of job 'job-b' reached the rendezvous store at 127.0.0.1:");
+          require_contains(e.what(), "which serves job 'job-a': two jobs use the same MASTER_PORT");
+          return;
+        } catch (const ddp::Error& e) {
+          require(rank == 0, std::string("rank 1 failed otherwise: ") + e.what());
+          require_contains(e.what(), "only 1 of 2 ranks arrived");  // job A's rank 0 waits for its own rank 1
+          return;
+        }
+        throw std::runtime_error("rank " + std::to_string(rank) + " joined a job of another identity");
+      },
+      options);
+  expect_all_succeeded(outcomes);
+}
+
 }  // namespace

@@ -129,7 +129,7 @@ TEST(Ddprun, ThreeProcessEnvironment) {
                                          scratch, {{"OMP_NUM_THREADS", std::nullopt}});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "OMP_NUM_THREADS is unset; setting it to 1")) << result.output;
-  std::string port;
+  std::string port, run_id;
   for (int rank = 0; rank < 3; ++rank) {
     const auto env = probe_env(scratch, rank);
     expect_coordinates(env, {rank, rank, 3, 3, 0, 1, "127.0.0.1"});
@@ -138,8 +138,11 @@ TEST(Ddprun, ThreeProcessEnvironment) {
     EXPECT_EQ(env.at("DDP_TIMEOUT"), "7");
     if (rank == 0) port = env.at("MASTER_PORT");
     EXPECT_EQ(env.at("MASTER_PORT"), port) << "all ranks must meet at one store";
+    if (rank == 0) run_id = env.at("TORCHELASTIC_RUN_ID");
+    EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), run_id) << "one job, one identity";
   }
   EXPECT_NE(port, "29500") << "--standalone picks a free port";
+  EXPECT_EQ(run_id.size(), 16u) << "a random identity per job: " << run_id;
 }
 
 TEST(Ddprun, TwoNodesOfTwoProcessesEnvironment) {

@@ -18,9 +18,9 @@ LaunchOptions parse(const std::vector<std::string>& args) {
 
 TEST(LaunchOptions, ParsesNodeAndRestartOptionsInBothSpellings) {
   const std::string port = std::to_string(free_port());
-  const LaunchOptions options =
-      parse({"--nnodes", "3", "--node_rank=2", "--nproc-per-node", "4", "--master-addr", "10.0.0.1", "--master-port",
-             port, "--max-restarts=5", "--rdzv-timeout", "90", "--timeout", "30", "/bin/true", "--nnodes", "7"});
+  const LaunchOptions options = parse({"--nnodes", "3", "--node_rank=2", "--nproc-per-node", "4", "--master-addr",
+                                       "10.0.0.1", "--master-port", port, "--max-restarts=5", "--rdzv-timeout", "90",
+                                       "--timeout", "30", "--rdzv_id=train-7", "/bin/true", "--nnodes", "7"});
   EXPECT_EQ(options.nnodes, 3);
   EXPECT_EQ(options.node_rank, 2);
   EXPECT_EQ(options.nproc_per_node, 4);
@@ -29,6 +29,7 @@ TEST(LaunchOptions, ParsesNodeAndRestartOptionsInBothSpellings) {
   EXPECT_EQ(options.max_restarts, 5);
   EXPECT_EQ(options.rdzv_timeout_s, 90);
   EXPECT_EQ(options.timeout_s, 30);
+  EXPECT_EQ(options.rdzv_id, "train-7");
   EXPECT_TRUE(options.log_dir.empty());
   // Everything after the program belongs to the program.
   EXPECT_EQ(options.command, (std::vector<std::string>{"/bin/true", "--nnodes", "7"}));
