@@ -1,5 +1,7 @@
 #include "launcher/supervisor.h"
 
+#include "launcher/group_keeper.h"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -113,7 +115,8 @@ std::vector<std::string> worker_environment(const LaunchOptions& options, const 
 
 /// Forks and execs one worker. The child gets its own process group (so a
 /// signal to the group reaches its children too) and dies with ddprun.
-void spawn(Worker& worker, const LaunchOptions& options, const Attempt& attempt, const sigset_t& worker_mask) {
+void spawn(Worker& worker, const LaunchOptions& options, const Attempt& attempt, const sigset_t& worker_mask,
+           GroupKeeper& keeper) {
   int out[2];
   int err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) throw system_error("pipe2");
@@ -144,6 +147,7 @@ void spawn(Worker& worker, const LaunchOptions& options, const Attempt& attempt,
   // Also here, so the group exists before we may signal it. EACCES: the child
   // has exec'd already, so its own setpgid has run.
   if (::setpgid(pid, pid) != 0 && errno != EACCES) throw system_error("setpgid");
+  keeper.hold(pid);
   if (::close(out[1]) != 0) throw system_error("close");
   if (::close(err[1]) != 0) throw system_error("close");
   worker.pid = pid;
@@ -230,7 +234,8 @@ void close_logs(Attempt& attempt) {
 /// Runs the local workers until all have ended: the first failure or a signal
 /// to ddprun stops the rest (the signal itself, or SIGTERM; SIGKILL after the
 /// grace period, or at once on a second signal).
-void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, const sigset_t& worker_mask) {
+void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, const sigset_t& worker_mask,
+                 GroupKeeper& keeper) {
   const bool to_console = options.log_dir.empty() || options.tee;
   attempt.workers.resize(static_cast<size_t>(options.nproc_per_node));
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
@@ -239,7 +244,7 @@ void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, 
     worker.rank = options.node_rank * options.nproc_per_node + local_rank;
   }
   open_logs(options, attempt);
-  for (auto& worker : attempt.workers) spawn(worker, options, attempt, worker_mask);
+  for (auto& worker : attempt.workers) spawn(worker, options, attempt, worker_mask, keeper);
 
   auto& workers = attempt.workers;
   bool tearing_down = false;
@@ -366,13 +371,15 @@ int supervise(const LaunchOptions& options) {
                  options.nproc_per_node);
   }
 
+  // Kills the workers' groups, grandchildren included, should ddprun itself be killed.
+  GroupKeeper keeper;
   int exit_code = 0;
   int master_port = options.master_port;
   for (int restart = 0;; ++restart) {
     Attempt attempt;
     attempt.restart_count = restart;
     attempt.master_port = master_port;
-    run_attempt(options, attempt, signal_fd, previous);
+    run_attempt(options, attempt, signal_fd, previous, keeper);
     print_summary(options, attempt);
     if (attempt.stop_signal != 0) {
       exit_code = 128 + attempt.stop_signal;

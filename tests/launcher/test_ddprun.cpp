@@ -243,6 +243,22 @@ TEST(Ddprun, SigtermStopsAllWorkers) { expect_signal_leaves_no_workers(SIGTERM, 
 
 TEST(Ddprun, SigkillOfDdprunLeavesNoWorkers) { expect_signal_leaves_no_workers(SIGKILL, seconds(5)); }
 
+// A worker that is a wrapper script without exec: its program runs as the
+// script's child. SIGKILL of ddprun reaches the script through its
+// parent-death signal only; the children must go too (the group keeper).
+TEST(Ddprun, SigkillOfDdprunLeavesNoGrandchildren) {
+  ScratchDir scratch;
+  const std::string wrapper = std::string(PROBE_PATH) + " sleep " + scratch.path() + "; true";
+  const DdprunProcess ddprun =
+      start_ddprun({"--standalone", "--nproc-per-node", "2", "/bin/sh", "-c", wrapper}, scratch);
+  const std::vector<pid_t> pids = wait_for_pid_files(scratch.path(), 2, seconds(10));
+  EXPECT_EQ(pids.size(), 2u);
+  ASSERT_EQ(::kill(ddprun.pid, SIGKILL), 0);
+  const DdprunResult result = wait_ddprun(ddprun, seconds(5));
+  EXPECT_EQ(result.signal, SIGKILL);
+  EXPECT_EQ(wait_until_dead(pids, seconds(5)), std::vector<pid_t>{}) << "a wrapper's children outlived ddprun";
+}
+
 TEST(Ddprun, RestartsUntilTheProgramSucceeds) {
   ScratchDir scratch;
   const std::string logs = scratch.path() + "/logs";

@@ -1,0 +1,28 @@
+#pragma once
+
+#include <sys/types.h>
+
+namespace ddp::launcher {
+
+/// A small process ddprun starts before any worker, which kills every
+/// worker's process group if ddprun ends without releasing it (SIGKILL, a
+/// crash): the kernel then closes ddprun's end of their pipe. The workers'
+/// own parent-death signal reaches only each group's leader, so without it
+/// a worker that is a wrapper script (no exec) leaves its children running.
+class GroupKeeper {
+ public:
+  GroupKeeper();
+  /// Releases the keeper: it exits without killing anything.
+  ~GroupKeeper();
+  GroupKeeper(const GroupKeeper&) = delete;
+  GroupKeeper& operator=(const GroupKeeper&) = delete;
+
+  /// From now on the keeper kills `group` if ddprun goes away.
+  void hold(pid_t group);
+
+ private:
+  pid_t pid_ = -1;
+  int fd_ = -1;  ///< ddprun's end of the pipe.
+};
+
+}  // namespace ddp::launcher
