@@ -45,15 +45,21 @@ int parse_nproc(const std::string& text) {
   return parse_int("--nproc-per-node", text, 1, 4096);
 }
 
+/// A file that exec can run: executable, and not a directory (which access() also lets through).
+bool runnable(const std::string& path) {
+  std::error_code error;
+  return ::access(path.c_str(), X_OK) == 0 && std::filesystem::is_regular_file(path, error);
+}
+
 bool is_executable(const std::string& program) {
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+  if (program.find('/') != std::string::npos) return runnable(program);
   const char* path = std::getenv("PATH");
   std::string dirs = path ? path : "/usr/bin:/bin";
   size_t start = 0;
   while (start <= dirs.size()) {
     const size_t end = dirs.find(':', start);
     const std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return true;
+    if (runnable((dir.empty() ? "." : dir) + "/" + program)) return true;
     if (end == std::string::npos) break;
     start = end + 1;
   }
@@ -121,6 +127,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
   help = false;
   std::string nproc = "auto";
   bool port_given = false;
+  bool addr_given = false;
   bool node_options_given = false;  // any of --nnodes, --node-rank, --master-addr
   size_t i = 0;
   auto value_of = [&](const std::string& flag) -> std::string {
@@ -152,6 +159,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
       options.master_addr = value();
       if (options.master_addr.empty()) throw LaunchUsageError("--master-addr is empty; give the host of node 0");
       node_options_given = true;
+      addr_given = true;
     } else if (flag == "--master-port") {
       options.master_port = parse_int("--master-port", value(), 1, 65535);
       port_given = true;
@@ -213,6 +221,12 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
   if (options.node_rank >= options.nnodes) {
     throw LaunchUsageError(fmt::format("--node-rank {} must be smaller than --nnodes {} (node ranks count from 0)",
                                        options.node_rank, options.nnodes));
+  }
+  if (options.nnodes > 1 && !addr_given && options.slurm_job_id.empty()) {
+    throw LaunchUsageError(
+        fmt::format("--nnodes {} needs --master-addr: the host of node 0 as the other nodes reach "
+                    "it (the default, 127.0.0.1, is each machine's own loopback)",
+                    options.nnodes));
   }
   if (options.rdzv_id.empty()) {
     // One node: a fresh identity per job. Several: every node's ddprun must

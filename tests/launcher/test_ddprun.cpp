@@ -70,6 +70,9 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
        "--master-port " + std::to_string(busy.port()) + " cannot be used on this host"},
       {{"--standalone", dir + "/no_such_program"},
        "program '" + dir + "/no_such_program' does not exist or is not executable"},
+      {{"--standalone", dir}, "program '" + dir + "' does not exist or is not executable"},
+      {{"--standalone", not_a_folder}, "program '" + not_a_folder + "' does not exist or is not executable"},
+      {{"--nnodes", "2", "--node-rank", "1", probe, "env", dir}, "--nnodes 2 needs --master-addr"},
       {{"--standalone", "--log-dir", not_a_folder + "/logs", probe, "env", dir},
        "--log-dir " + not_a_folder + "/logs: cannot create the folder"},
   };
@@ -87,10 +90,10 @@ TEST(Ddprun, TakenPortOnlyMattersOnNodeRank0) {
   ScratchDir scratch;
   ListeningSocket busy;
   // Node 1 connects to node 0's store and hosts nothing, so its own port is irrelevant.
-  const DdprunResult result = run_ddprun({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
-                                          "--master-port", std::to_string(busy.port()), PROBE_PATH, "env",
-                                          scratch.path()},
-                                         scratch);
+  const DdprunResult result =
+      run_ddprun({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                  "--master-port", std::to_string(busy.port()), PROBE_PATH, "env", scratch.path()},
+                 scratch);
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(probe_env(scratch, 1).at("MASTER_PORT"), std::to_string(busy.port()));
 }
