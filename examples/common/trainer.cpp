@@ -1,6 +1,7 @@
 #include "trainer.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -54,6 +55,12 @@ TrainerOptions trainer_options(const Flags& flags) {
   options.metrics = flags.str("metrics");
   options.fail_at_step = flags.integer("fail-at-step");
   if (options.steps < 1) flags.fail("--steps must be at least 1");
+  if (!(options.min_lr >= 0) || !std::isfinite(options.min_lr)) {
+    flags.fail(fmt::format("--min-lr must be a finite number >= 0, got {}", flags.str("min-lr")));
+  }
+  if (options.clip_grad_norm < 0 || !std::isfinite(options.clip_grad_norm)) {
+    flags.fail(fmt::format("--clip-grad-norm must be a finite number >= 0, got {}", flags.str("clip-grad-norm")));
+  }
   if (options.grad_accum < 1) flags.fail("--grad-accum must be at least 1");
   if (options.log_every < 1) flags.fail("--log-every must be at least 1");
   if (options.warmup_steps < 0 || options.checkpoint_every < 0 || options.eval_every < 0) {

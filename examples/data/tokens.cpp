@@ -151,6 +151,23 @@ TokenBatches::TokenBatches(const std::string& path, TokenBatchOptions options)
                     std::to_string(options_.world_size) + " ranks x " + std::to_string(options_.batch_size) +
                     " rows x " + std::to_string(options_.seq_len) + " + 1 tokens");
   }
+  if (options_.vocab_size > 0) check_vocabulary();
+}
+
+void TokenBatches::check_vocabulary() const {
+  // The whole file now, in pieces: a bad token deep in the file would
+  // otherwise surface hours into a run.
+  constexpr std::int64_t kPiece = std::int64_t{1} << 22;
+  for (std::int64_t start = 0; start < dataset_.size(); start += kPiece) {
+    const at::Tensor tokens = dataset_.read(start, std::min(kPiece, dataset_.size() - start));
+    const std::int64_t largest = tokens.max().item<std::int64_t>();
+    if (largest >= options_.vocab_size) {
+      throw DataError(dataset_.path() + ": token " + std::to_string(largest) + " at position " +
+                      std::to_string(start + tokens.argmax().item<std::int64_t>()) +
+                      " is outside the model's vocabulary of " + std::to_string(options_.vocab_size) +
+                      "; make the file with the model's tokenizer, or give the model a larger vocabulary");
+    }
+  }
 }
 
 const std::vector<std::int64_t>& TokenBatches::order_of(std::int64_t epoch) {
@@ -177,14 +194,6 @@ TokenBatch TokenBatches::next() {
   std::int64_t* out = tokens.data_ptr<std::int64_t>();
   for (std::int64_t row = 0; row < rows; ++row) {
     dataset_.read(order[first + row] * options_.seq_len, width, out + row * width);
-  }
-  if (options_.vocab_size > 0) {
-    const std::int64_t largest = tokens.max().item<std::int64_t>();
-    if (largest >= options_.vocab_size) {
-      throw DataError(dataset_.path() + ": token " + std::to_string(largest) + " in batch " +
-                      std::to_string(position_) + " is outside the model's vocabulary of " +
-                      std::to_string(options_.vocab_size));
-    }
   }
   ++position_;
   return {tokens};

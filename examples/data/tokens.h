@@ -84,8 +84,9 @@ struct TokenBatchOptions {
   /// Random window order, new each epoch (training); false reads the windows
   /// in file order (validation).
   bool shuffle = true;
-  /// When > 0, every batch is checked to hold tokens below it, so a file made
-  /// for a larger vocabulary fails by name instead of inside the embedding.
+  /// When > 0, the whole file is checked when it is opened to hold tokens
+  /// below it, so a file made for a larger vocabulary fails by name at once
+  /// instead of inside the embedding.
   std::int64_t vocab_size = 0;
 };
 
@@ -120,6 +121,8 @@ class TokenBatches : public TokenSource {
 
  private:
   const std::vector<std::int64_t>& order_of(std::int64_t epoch);
+  /// Throws DataError naming the first token at or above vocab_size.
+  void check_vocabulary() const;
 
   TokenDataset dataset_;
   TokenBatchOptions options_;

@@ -103,7 +103,8 @@ std::string read_string(c10d::Store& store, const std::string& key) {
 /// done here rather than by the store so that the wait is bounded on every
 /// LibTorch version and the error can say how many ranks arrived.
 c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::milliseconds timeout) {
-  const auto fail = [&](const std::string& what) {
+  const auto fail = [&](std::string what) {
+    what = what.substr(0, what.find('\n'));  // LibTorch's reason, without its backtrace
     return Error(fmt::format(
         "libddp: rank {} could not meet the other ranks through the store at MASTER_ADDR:MASTER_PORT = {}:{} "
         "within {} ms: {}\nRank 0 serves this store: check that all {} ranks started with the same MASTER_ADDR "

@@ -277,11 +277,17 @@ TEST_F(TokenBatchesTest, UnshuffledReadsWindowsInFileOrder) {
   EXPECT_EQ(to_vector(batches.next().tokens.select(1, 0)), (std::vector<std::int64_t>{72, 80, 88}));
 }
 
-TEST_F(TokenBatchesTest, TokensOutsideTheVocabularyAreNamed) {
+// Checked when the file is opened, over the whole file: the bad token is the
+// last one, which no early batch would read.
+TEST_F(TokenBatchesTest, TokensOutsideTheVocabularyAreNamedWhenTheFileOpens) {
   data::TokenBatchOptions o = options(0, 1);
-  o.vocab_size = 100;
-  data::TokenBatches batches(path("seq.bin"), o);
-  expect_data_error([&] { for (int i = 0; i < 10; ++i) batches.next(); }, {path("seq.bin"), "vocabulary of 100"});
+  o.vocab_size = kTokens - 1;
+  expect_data_error(
+      [&] { data::TokenBatches(path("seq.bin"), o); },
+      {path("seq.bin"), "token " + std::to_string(kTokens - 1) + " at position " + std::to_string(kTokens - 1) +
+                            " is outside the model's vocabulary of " + std::to_string(kTokens - 1)});
+  o.vocab_size = kTokens;
+  data::TokenBatches batches(path("seq.bin"), o);  // every token fits
 }
 
 TEST_F(TokenBatchesTest, TooSmallAFileIsNamed) {

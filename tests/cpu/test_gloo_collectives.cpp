@@ -218,6 +218,8 @@ void expect_rendezvous_timeout(const ddp::InitOptions& init_options, const RunOp
       require(seconds < 10, "rendezvous error after " + std::to_string(seconds) + " s");
       require_contains(e.what(), "MASTER_ADDR:MASTER_PORT");
       require_contains(e.what(), "all 2 ranks started");
+      require(std::string(e.what()).find("frame #") == std::string::npos,
+              std::string("a LibTorch backtrace in the error: ") + e.what());
       return;
     }
     throw std::runtime_error("init succeeded without the second rank");

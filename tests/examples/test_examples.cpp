@@ -176,6 +176,8 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--resume"}, "--resume needs --checkpoint"},
       {TRAIN_LLAMA, {"--sharding", "zero3"}, "unknown sharding mode 'zero3'; choose none"},
       {TRAIN_LLAMA, {"--checkpoint-format", "zip"}, "unknown --checkpoint-format 'zip'; choose whole or sharded"},
+      {TRAIN_LLAMA, {"--lr", "nan"}, "train_llama: error: Invalid learning rate: nan"},
+      {TRAIN_LLAMA, {"--min-lr", "-1"}, "--min-lr must be a finite number >= 0, got -1"},
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
