@@ -119,17 +119,20 @@ void check_many_in_flight(Communicator& comm) {
   }
 }
 
+void require_usage_error(const std::function<void()>& call, const std::string& part) {
+  try {
+    call();
+  } catch (const UsageError& e) {
+    require_contains(e.what(), part);
+    require(std::string(e.what()).find('\n') == std::string::npos, std::string("not one line: ") + e.what());
+    return;
+  }
+  throw std::runtime_error("expected a UsageError containing '" + part + "'");
+}
+
 void check_usage_errors(Communicator& comm) {
   const auto options = at::TensorOptions().device(comm.device());
-  auto refused = [](const std::function<void()>& call, const std::string& part) {
-    try {
-      call();
-    } catch (const UsageError& e) {
-      require_contains(e.what(), part);
-      return;
-    }
-    throw std::runtime_error("expected a UsageError containing '" + part + "'");
-  };
+  const auto& refused = require_usage_error;
   refused([&] { comm.all_reduce(at::ones({4, 3}, options).t()); }, "not contiguous");
   refused([&] { comm.all_reduce(at::ones({4}, options.dtype(at::kLong)), ReduceOp::kAvg); }, "avg needs a floating");
   refused([&] { comm.all_gather(at::ones({3}, options), at::ones({2}, options)); }, "world_size");

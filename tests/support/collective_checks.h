@@ -35,4 +35,7 @@ std::string collective_error_of(const std::function<void()>& body);
 /// Throws unless `text` contains `part`.
 void require_contains(const std::string& text, const std::string& part);
 
+/// Throws unless `call` raises a one-line ddp::UsageError containing `part`.
+void require_usage_error(const std::function<void()>& call, const std::string& part);
+
 }  // namespace ddp::testing
