@@ -2,6 +2,8 @@
 #include "launcher/ports.h"
 #include "launcher/slurm.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,6 +45,21 @@ int parse_nproc(const std::string& text) {
     return gpus > 0 ? gpus : 2;
   }
   return parse_int("--nproc-per-node", text, 1, 4096);
+}
+
+/// The workers would only time out at rendezvous on a host name that does not resolve: say so now.
+void require_resolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int result = ::getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (result != 0) {
+    throw LaunchUsageError(
+        fmt::format("--master-addr '{}' does not resolve on this host ({}); give the name or IP "
+                    "address under which the other nodes reach node 0",
+                    host, ::gai_strerror(result)));
+  }
+  ::freeaddrinfo(found);
 }
 
 /// A file that exec can run: executable, and not a directory (which access() also lets through).
@@ -238,6 +255,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
       options.rdzv_id = "slurm-" + options.slurm_job_id;
     }
   }
+  // SLURM's own node names resolve inside its allocation; a name given here is checked.
+  if (!options.standalone && options.slurm_job_id.empty()) require_resolvable(options.master_addr);
   if (!options.log_dir.empty()) require_writable_dir(options.log_dir);
   // Only node 0 serves the rendezvous store; elsewhere the port is remote.
   if (!options.standalone && options.node_rank == 0) require_port_free(options.master_port);

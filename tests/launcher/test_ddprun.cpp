@@ -73,6 +73,8 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
       {{"--standalone", dir}, "program '" + dir + "' does not exist or is not executable"},
       {{"--standalone", not_a_folder}, "program '" + not_a_folder + "' does not exist or is not executable"},
       {{"--nnodes", "2", "--node-rank", "1", probe, "env", dir}, "--nnodes 2 needs --master-addr"},
+      {{"--nnodes", "2", "--node-rank", "1", "--master-addr", "bad..host", probe, "env", dir},
+       "--master-addr 'bad..host' does not resolve on this host"},
       {{"--standalone", "--log-dir", not_a_folder + "/logs", probe, "env", dir},
        "--log-dir " + not_a_folder + "/logs: cannot create the folder"},
   };
