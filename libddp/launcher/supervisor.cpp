@@ -206,6 +206,11 @@ void signal_all(std::vector<Worker>& workers, int signal) {
   for (auto& worker : workers) {
     // ESRCH: the group is gone already, which is what we want.
     if (worker.running && ::kill(-worker.pid, signal) != 0 && errno != ESRCH) throw system_error("kill");
+    // A stopped worker (kill -STOP, a debugger) would hold the signal until
+    // the grace period ran out: let it run to act on it.
+    if (worker.running && signal != SIGKILL && ::kill(-worker.pid, SIGCONT) != 0 && errno != ESRCH) {
+      throw system_error("kill");
+    }
   }
 }
 

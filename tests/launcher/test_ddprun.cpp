@@ -221,6 +221,18 @@ TEST(Ddprun, OneFailingRankStopsTheOthersQuickly) {
   EXPECT_EQ(wait_until_dead(pids, seconds(2)), std::vector<pid_t>{});
 }
 
+// A stopped worker (kill -STOP) cannot act on SIGTERM: ddprun continues it,
+// so the job ends at once instead of after the 5 s grace period.
+TEST(Ddprun, AStoppedWorkerIsStoppedWithoutWaitingForTheGracePeriod) {
+  ScratchDir scratch;
+  const std::string script = "if [ \"$RANK\" = 0 ]; then kill -STOP $$; else sleep 1; exit 3; fi";
+  const DdprunResult result =
+      run_ddprun({"--standalone", "--nproc-per-node", "2", "/bin/sh", "-c", script}, scratch, {}, seconds(20));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_TRUE(contains(result.output, "rank 0: was killed by signal 15")) << result.output;
+  EXPECT_LT(result.seconds, 4.0) << result.output;
+}
+
 /// Starts two sleeping workers, signals ddprun, and checks that no worker
 /// outlives it.
 void expect_signal_leaves_no_workers(int signal, std::chrono::seconds bound) {
