@@ -66,14 +66,13 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
   for (auto& buffer : module.named_buffers(/*recurse=*/false)) take(buffer.key(), buffer.value(), true);
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;
+    const std::string child_path = path.empty() ? child.key() : path + "." + child.key();
     torch::serialize::InputArchive child_archive;
     if (!archive.try_read(child.key(), child_archive)) {
-      throw UsageError(
-          fmt::format("libddp: the checkpoint has no module '{}' of this model; it belongs to another "
-                      "model",
-                      path.empty() ? child.key() : path + "." + child.key()));
+      throw UsageError(fmt::format(
+          "libddp: the checkpoint has no module '{}' of this model; it belongs to another model", child_path));
     }
-    read(*child.value(), path.empty() ? child.key() : path + "." + child.key(), trained, sharded, child_archive);
+    read(*child.value(), child_path, trained, sharded, child_archive);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <memory>
 #include <type_traits>
 
+#include <ATen/ATen.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -10,6 +11,7 @@
 #include <ddp/errors.h>
 
 #include "optim/fused_step.h"
+#include "sharding/sharded_parameters.h"
 
 namespace ddp::detail {
 namespace {
@@ -111,6 +113,26 @@ void write_param_state(OptimizerKind kind, torch::optim::Optimizer& optimizer, c
 void erase_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& parameter) {
   auto& states = optimizer.state();
   states.erase(key_of(states, parameter));
+}
+
+at::Tensor stepped_part(const std::vector<at::Tensor>& parameters, const ShardedParameters* sharded,
+                        std::size_t index) {
+  return sharded != nullptr ? sharded->fragment_of(index) : parameters[index];
+}
+
+std::vector<std::int64_t> agreed_steps(OptimizerKind kind, const torch::optim::Optimizer& optimizer,
+                                       const std::vector<at::Tensor>& parameters, const ShardedParameters* sharded,
+                                       Communicator& comm) {
+  std::vector<std::int64_t> local(parameters.size(), -1);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor target = stepped_part(parameters, sharded, i);
+    if (target.defined()) local[i] = read_param_state(kind, optimizer, target).step;
+  }
+  if (sharded == nullptr) return local;  // every rank steps every parameter
+  at::Tensor steps = at::tensor(local, at::kLong).to(comm.device());
+  comm.all_reduce(steps, ReduceOp::kMax)->wait();
+  steps = steps.cpu();
+  return {steps.data_ptr<std::int64_t>(), steps.data_ptr<std::int64_t>() + steps.numel()};
 }
 
 }  // namespace ddp::detail

@@ -28,19 +28,8 @@ void save_optimizer_state(const torch::optim::Optimizer& optimizer, const std::v
   const OptimizerKind kind = kind_of(optimizer);
   const std::vector<std::string> tensors = state_tensor_names(kind, optimizer);
   const bool writes = comm.rank() == 0;
-  // What this rank steps for parameter i: the parameter, or its fragment here.
-  auto stepped = [&](std::size_t i) { return sharded ? sharded->fragment_of(i) : parameters[i]; };
-
-  // Steps: every rank with a part of a parameter counts the same steps.
-  std::vector<std::int64_t> local_steps(parameters.size(), -1);
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const at::Tensor target = stepped(i);
-    if (target.defined()) local_steps[i] = read_param_state(kind, optimizer, target).step;
-  }
-  at::Tensor steps = at::tensor(local_steps, at::kLong).to(comm.device());
-  if (sharded) comm.all_reduce(steps, ReduceOp::kMax)->wait();
-  steps = steps.cpu();
-  const auto* step = steps.data_ptr<std::int64_t>();
+  auto stepped = [&](std::size_t i) { return stepped_part(parameters, sharded, i); };
+  const std::vector<std::int64_t> step = agreed_steps(kind, optimizer, parameters, sharded, comm);
 
   std::map<std::string, std::vector<at::Tensor>> whole;  // rank 0: per tensor name, per parameter
   for (const std::string& tensor : tensors) {
@@ -102,7 +91,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<
                                    name.toStringRef()));
     }
     const at::Tensor& parameter = parameters[it->second];
-    const at::Tensor target = sharded ? sharded->fragment_of(it->second) : parameter;
+    const at::Tensor target = stepped_part(parameters, sharded, it->second);
     ParamState state{step.toInt(), {}};
     for (const std::string& tensor : tensors) {
       at::Tensor value;

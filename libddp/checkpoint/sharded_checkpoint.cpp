@@ -390,7 +390,7 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
       parameter.detach().copy_(destination.laid_out.as_strided(parameter.sizes(), flat_layout_strides(parameter)));
     }
     if (!kind) continue;
-    const at::Tensor target = model.sharded != nullptr ? destination.value : parameter;
+    const at::Tensor target = stepped_part(model.trained, model.sharded, destination.parameter);
     if (destination.state.empty()) {
       erase_param_state(*optimizer, target);
     } else {
@@ -450,7 +450,7 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
     kind = kind_of(*optimizer);
     tensors = state_tensor_names(*kind, *optimizer);
   }
-  auto stepped = [&](std::size_t i) { return model.sharded ? model.sharded->fragment_of(i) : model.trained[i]; };
+  auto stepped = [&](std::size_t i) { return stepped_part(model.trained, model.sharded, i); };
 
   // One id names this save's files, so that no manifest reads another save's.
   const auto long_options = at::TensorOptions().dtype(at::kLong).device(comm.device());
@@ -462,18 +462,9 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
   comm.broadcast(id_value, 0)->wait();
   const std::string id = fmt::format("{:016x}", static_cast<std::uint64_t>(id_value.item<std::int64_t>()));
 
-  // Every rank with a part of a parameter has stepped it as often.
   const std::vector<Piece> mine = pieces_of(model, rank, world_size);
-  std::vector<std::int64_t> local_steps(model.trained.size(), -1);
-  if (kind) {
-    for (const Piece& piece : mine) {
-      local_steps[piece.parameter] = read_param_state(*kind, *optimizer, stepped(piece.parameter)).step;
-    }
-  }
-  at::Tensor steps = at::tensor(local_steps, at::kLong).to(comm.device());
-  if (kind && world_size > 1) comm.all_reduce(steps, ReduceOp::kMax)->wait();
-  steps = steps.cpu();
-  const auto* step = steps.data_ptr<std::int64_t>();
+  const std::vector<std::int64_t> step = kind ? agreed_steps(*kind, *optimizer, model.trained, model.sharded, comm)
+                                              : std::vector<std::int64_t>(model.trained.size(), -1);
 
   std::int64_t bytes = 0;
   std::exception_ptr failure;
