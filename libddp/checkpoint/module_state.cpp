@@ -49,10 +49,9 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
           fmt::format("libddp: the checkpoint has no '{}' of this model; it belongs to another model", name));
     }
     if (loaded.sizes() != target.sizes()) {
-      throw UsageError(
-          fmt::format("libddp: the checkpoint holds '{}' of shape [{}], the model's is [{}]; it belongs "
-                      "to another model",
-                      name, fmt::join(loaded.sizes(), ", "), fmt::join(target.sizes(), ", ")));
+      throw UsageError(fmt::format(
+          "libddp: the checkpoint holds '{}' of shape [{}], the model's is [{}]; it belongs to another model", name,
+          fmt::join(loaded.sizes(), ", "), fmt::join(target.sizes(), ", ")));
     }
     auto it = trained.find(target.unsafeGetTensorImpl());
     if (sharded != nullptr && it != trained.end()) {

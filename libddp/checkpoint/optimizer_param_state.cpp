@@ -54,11 +54,8 @@ OptimizerKind kind_of(const torch::optim::Optimizer& optimizer) {
   if (dynamic_cast<const torch::optim::Adam*>(&optimizer) != nullptr) return OptimizerKind::kAdam;
   if (dynamic_cast<const torch::optim::SGD*>(&optimizer) != nullptr) return OptimizerKind::kSgd;
   throw UsageError(
-      "libddp: checkpoints of the optimizer's state by parameter "
-      "support SGD, Adam and AdamW (and "
-      "ddp::optim::FusedSGD and FusedAdamW); save another "
-      "optimizer's state with its own save() when the model is "
-      "not sharded");
+      "libddp: checkpoints of the optimizer's state by parameter support SGD, Adam and AdamW (and ddp::optim::FusedSGD "
+      "and FusedAdamW); save another optimizer's state with its own save() when the model is not sharded");
 }
 
 std::vector<std::string> state_tensor_names(OptimizerKind kind, const torch::optim::Optimizer& optimizer) {

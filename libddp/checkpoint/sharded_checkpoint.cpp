@@ -29,8 +29,7 @@ namespace {
 constexpr std::int64_t kFormat = 1;
 constexpr const char* kManifest = "manifest.pt";
 
-/// A run of one parameter's elements, in its flat layout (flat_layout_strides),
-/// held by one rank.
+/// A run of one parameter's elements, in its flat layout (flat_layout_strides), held by one rank.
 struct Piece {
   std::size_t parameter;
   std::int64_t begin;
@@ -76,8 +75,7 @@ at::Tensor flat_in_layout(const at::Tensor& tensor, c10::IntArrayRef strides) {
   return alias(laid_out, 0, {laid_out.numel()}, {1});
 }
 
-/// A host copy with storage of its own: an archive writes a view's whole
-/// storage.
+/// A host copy with storage of its own: an archive writes a view's whole storage.
 at::Tensor host_copy(const at::Tensor& tensor) { return tensor.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); }
 
 /// Copies into `destination` (elements [destination_begin, ...) of a
@@ -93,8 +91,7 @@ std::int64_t copy_overlap(const at::Tensor& destination, std::int64_t destinatio
   return end - begin;
 }
 
-/// The module's tensors every rank holds whole: buffers and frozen parameters,
-/// by name.
+/// The module's tensors every rank holds whole: buffers and frozen parameters, by name.
 std::vector<std::pair<std::string, at::Tensor>> replicated_tensors(const CheckpointedModel& model) {
   std::unordered_set<const c10::TensorImpl*> skip;
   for (const at::Tensor& parameter : model.trained) skip.insert(parameter.unsafeGetTensorImpl());
@@ -129,11 +126,9 @@ std::vector<std::int64_t> agree(Communicator& comm, std::int64_t value, const st
 c10::IValue read(torch::serialize::InputArchive& archive, const std::string& path, const std::string& key) {
   c10::IValue value;
   if (!archive.try_read(key, value)) {
-    throw UsageError(
-        fmt::format("sharded checkpoint file '{}' has no '{}': it "
-                    "is corrupt or not written by "
-                    "save_sharded_checkpoint()",
-                    path, key));
+    throw UsageError(fmt::format(
+        "sharded checkpoint file '{}' has no '{}': it is corrupt or not written by save_sharded_checkpoint()", path,
+        key));
   }
   return value;
 }
@@ -161,10 +156,8 @@ struct SavedParameter {
 struct Destination {
   std::size_t parameter;
   std::int64_t begin = 0;
-  at::Tensor value;                              ///< Flat, `length` elements: the fragment, or the
-                                                 ///< parameter's alias.
-  at::Tensor laid_out;                           ///< Without sharding: the parameter's values laid out
-                                                 ///< flat, if a copy.
+  at::Tensor value;     ///< Flat: the fragment, or an alias of the parameter's memory.
+  at::Tensor laid_out;  ///< Without sharding: the parameter's values laid out flat, if that took a copy.
   std::map<std::string, at::Tensor> state;       ///< The optimizer state to install.
   std::map<std::string, at::Tensor> flat_state;  ///< Flat aliases of `state`, written from the files.
   std::int64_t covered = 0;
@@ -176,9 +169,8 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   const std::string manifest_path = path_in(directory, kManifest);
   if (!checkpoint::is_sharded_checkpoint(directory)) {
     throw UsageError(
-        fmt::format("'{}' holds no sharded checkpoint ({} is missing): check the path, or "
-                    "the save did "
-                    "not finish; every rank must see the directory (a shared filesystem)",
+        fmt::format("'{}' holds no sharded checkpoint ({} is missing): check the path, or the save did not finish; "
+                    "every rank must see the directory (a shared filesystem)",
                     directory, kManifest));
   }
   torch::serialize::InputArchive manifest;
@@ -201,36 +193,28 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     const std::string name = read(entry, manifest_path, "name").toStringRef();
     auto it = index_of.find(name);
     if (it == index_of.end()) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds a parameter "
-                      "'{}' that this model does not train; it "
-                      "belongs to another model",
-                      directory, name));
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' holds a parameter '{}' that this model does not train; it belongs to another model",
+          directory, name));
     }
     const at::Tensor& parameter = model.trained[it->second];
     const std::vector<std::int64_t> sizes = read(entry, manifest_path, "sizes").toIntVector();
     if (c10::IntArrayRef(sizes) != parameter.sizes()) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds '{}' of "
-                      "shape [{}], the model's is [{}]; it "
-                      "belongs to another model",
-                      directory, name, fmt::join(sizes, ", "), fmt::join(parameter.sizes(), ", ")));
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' holds '{}' of shape [{}], the model's is [{}]; it belongs to another model",
+          directory, name, fmt::join(sizes, ", "), fmt::join(parameter.sizes(), ", ")));
     }
     const std::string dtype = read(entry, manifest_path, "dtype").toStringRef();
     if (dtype != c10::toString(parameter.scalar_type())) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds '{}' in {}, "
-                      "the model's is {}; convert the model "
-                      "to {} before loading",
-                      directory, name, dtype, c10::toString(parameter.scalar_type()), dtype));
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' holds '{}' in {}, the model's is {}; convert the model to {} before loading",
+          directory, name, dtype, c10::toString(parameter.scalar_type()), dtype));
     }
     const std::vector<std::int64_t> strides = read(entry, manifest_path, "strides").toIntVector();
     if (c10::IntArrayRef(strides) != c10::IntArrayRef(flat_layout_strides(parameter))) {
       throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds '{}' with "
-                      "strides [{}], the model's are [{}]; give "
-                      "the model the saved memory format "
-                      "(channels_last or not) before loading",
+          fmt::format("sharded checkpoint '{}' holds '{}' with strides [{}], the model's are [{}]; give the model the "
+                      "saved memory format (channels_last or not) before loading",
                       directory, name, fmt::join(strides, ", "), fmt::join(parameter.strides(), ", ")));
     }
     saved[it->second] = SavedParameter{k, read(entry, manifest_path, "step").toInt(),
@@ -241,15 +225,12 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   for (std::size_t i = 0; i < saved.size(); ++i) {
     if (!saved[i]) {
       throw UsageError(
-          fmt::format("sharded checkpoint '{}' has no parameter "
-                      "'{}' of this model; it belongs to "
-                      "another model",
+          fmt::format("sharded checkpoint '{}' has no parameter '{}' of this model; it belongs to another model",
                       directory, model.names[i]));
     }
   }
 
-  // The optimizer's state, if asked for: of the same optimizer, with the same
-  // tensors.
+  // The optimizer's state, if asked for: of the same optimizer, with the same tensors.
   std::optional<OptimizerKind> kind;
   std::vector<std::string> tensors;
   if (optimizer != nullptr) {
@@ -257,25 +238,19 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     tensors = state_tensor_names(*kind, *optimizer);
     const std::string saved_kind = read(manifest, manifest_path, "optimizer").toStringRef();
     if (saved_kind.empty()) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds no optimizer "
-                      "state (it was saved without an "
-                      "optimizer); load it without one",
-                      directory));
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' holds no optimizer state (it was saved without an optimizer); load it without one",
+          directory));
     }
     if (saved_kind != name_of(*kind)) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds the state of "
-                      "the optimizer {}; this one is {}",
-                      directory, saved_kind, name_of(*kind)));
+      throw UsageError(fmt::format("sharded checkpoint '{}' holds the state of the optimizer {}; this one is {}",
+                                   directory, saved_kind, name_of(*kind)));
     }
     const std::string saved_tensors = read(manifest, manifest_path, "optimizer_tensors").toStringRef();
     if (saved_tensors != fmt::format("{}", fmt::join(tensors, ","))) {
       throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds the optimizer tensors "
-                      "[{}], this optimizer keeps "
-                      "[{}]: it was written with other optimizer options "
-                      "(amsgrad, momentum)",
+          fmt::format("sharded checkpoint '{}' holds the optimizer tensors [{}], this optimizer keeps [{}]: it was "
+                      "written with other optimizer options (amsgrad, momentum)",
                       directory, saved_tensors, fmt::join(tensors, ",")));
     }
   }
@@ -327,25 +302,19 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     const auto bytes = std::filesystem::file_size(path, error);
     if (error) {
       throw UsageError(
-          fmt::format("sharded checkpoint '{}' lacks rank {}'s "
-                      "file '{}' ({}); every rank must see the "
-                      "directory (a shared filesystem)",
+          fmt::format("sharded checkpoint '{}' lacks rank {}'s file '{}' ({}); every rank must see the directory (a "
+                      "shared filesystem)",
                       directory, rank, path, error.message()));
     }
     if (static_cast<std::int64_t>(bytes) != file_bytes[rank]) {
-      throw UsageError(
-          fmt::format("sharded checkpoint file '{}' has {} bytes, "
-                      "its manifest says {}: it is truncated "
-                      "or was overwritten",
-                      path, bytes, file_bytes[rank]));
+      throw UsageError(fmt::format(
+          "sharded checkpoint file '{}' has {} bytes, its manifest says {}: it is truncated or was overwritten", path,
+          bytes, file_bytes[rank]));
     }
     torch::serialize::InputArchive archive;
     checkpoint::load(archive, path);
     if (read(archive, path, "id").toStringRef() != id) {
-      throw UsageError(
-          fmt::format("sharded checkpoint file '{}' belongs to "
-                      "another save than its manifest",
-                      path));
+      throw UsageError(fmt::format("sharded checkpoint file '{}' belongs to another save than its manifest", path));
     }
     for (Destination& destination : destinations) {
       const SavedParameter& parameter = *saved[destination.parameter];
@@ -356,20 +325,16 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
         at::Tensor value;
         entry.read("value", value);
         if (value.numel() != parameter.lengths[piece]) {
-          throw UsageError(
-              fmt::format("sharded checkpoint file '{}' holds {} "
-                          "elements of '{}' where its manifest "
-                          "says {}: it is corrupt",
-                          path, value.numel(), model.names[destination.parameter], parameter.lengths[piece]));
+          throw UsageError(fmt::format(
+              "sharded checkpoint file '{}' holds {} elements of '{}' where its manifest says {}: it is corrupt", path,
+              value.numel(), model.names[destination.parameter], parameter.lengths[piece]));
         }
         destination.covered += copy_overlap(destination.value, destination.begin, value, parameter.begins[piece]);
         for (auto& [tensor, flat] : destination.flat_state) {
           at::Tensor state;
           if (!entry.try_read(tensor, state)) {
-            throw UsageError(
-                fmt::format("sharded checkpoint file '{}' has no "
-                            "'{}' of '{}': it is corrupt",
-                            path, tensor, model.names[destination.parameter]));
+            throw UsageError(fmt::format("sharded checkpoint file '{}' has no '{}' of '{}': it is corrupt", path,
+                                         tensor, model.names[destination.parameter]));
           }
           copy_overlap(flat, destination.begin, state, parameter.begins[piece]);
         }
@@ -379,11 +344,9 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
 
   for (Destination& destination : destinations) {
     if (destination.covered != destination.value.numel()) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' covers {} of the "
-                      "{} elements of '{}' this rank holds: "
-                      "its manifest is corrupt",
-                      directory, destination.covered, destination.value.numel(), model.names[destination.parameter]));
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' covers {} of the {} elements of '{}' this rank holds: its manifest is corrupt",
+          directory, destination.covered, destination.value.numel(), model.names[destination.parameter]));
     }
     const at::Tensor& parameter = model.trained[destination.parameter];
     if (destination.laid_out.defined()) {
@@ -413,11 +376,9 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   for (auto& [name, tensor] : replicated_tensors(model)) {
     auto it = saved_replicated.find(name);
     if (it == saved_replicated.end() || it->second.sizes() != tensor.sizes()) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' has no buffer or "
-                      "frozen parameter '{}' of shape [{}]; it "
-                      "belongs to another model",
-                      directory, name, fmt::join(tensor.sizes(), ", ")));
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' has no buffer or frozen parameter '{}' of shape [{}]; it belongs to another model",
+          directory, name, fmt::join(tensor.sizes(), ", ")));
     }
     tensor.detach().copy_(it->second);
   }
@@ -426,10 +387,7 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   if (extra) {
     torch::serialize::InputArchive extra_archive;
     if (!manifest.try_read("extra", extra_archive)) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds no extra "
-                      "state: it was saved without it",
-                      directory));
+      throw UsageError(fmt::format("sharded checkpoint '{}' holds no extra state: it was saved without it", directory));
     }
     extra(extra_archive);
   }
