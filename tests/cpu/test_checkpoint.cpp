@@ -10,6 +10,7 @@
 
 #include "checkpoint/checksum.h"
 #include "support/multiprocess.h"
+#include "support/remove_tree.h"
 
 namespace {
 
@@ -19,9 +20,9 @@ class Checkpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     directory_ = fs::temp_directory_path() / fmt_dir();
-    fs::remove_all(directory_);
+    ddp::testing::remove_tree(directory_);
   }
-  void TearDown() override { fs::remove_all(directory_); }
+  void TearDown() override { ddp::testing::remove_tree(directory_); }
   static std::string fmt_dir() {
     return "ddp_checkpoint_test_" + std::to_string(::getpid()) + "_" +
            ::testing::UnitTest::GetInstance()->current_test_info()->name();
@@ -208,7 +209,7 @@ TEST(CheckpointGloo, RankZeroSavesAndEveryRankLearnsTheOutcome) {
     require(failed, "rank " + std::to_string(rank) + " did not learn that the save failed");
     require(value_in(path) == 3.0, "the failed save damaged the checkpoint");
     pg->communicator().barrier();
-    if (rank == 0) fs::remove_all(directory);
+    if (rank == 0) ddp::testing::remove_tree(directory);
   }));
 }
 #endif

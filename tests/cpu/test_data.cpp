@@ -21,6 +21,7 @@
 
 #include "images.h"
 #include "tokens.h"
+#include "support/remove_tree.h"
 #ifdef DATA_TEST_CONVERT_IMAGEFOLDER
 #include "jpeg_io.h"
 #endif
@@ -36,7 +37,7 @@ class DataTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << "mkdtemp " << pattern;
     dir_ = pattern;
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  void TearDown() override { ddp::testing::remove_tree(dir_); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 

@@ -16,6 +16,7 @@
 #include "sharding/shard_layout.h"
 #include "support/collective_checks.h"
 #include "support/multiprocess.h"
+#include "support/remove_tree.h"
 #include "support/sharding_scenarios.h"
 
 namespace {
@@ -391,7 +392,7 @@ TEST(ShardingCheckpoint, ResumesInAnotherModeAtAnotherWorldSize) {
     load.env = {{"DDP_TEST_CASE", std::to_string(i)}, {"DDP_TEST_PHASE", "load"}, {"DDP_TEST_CHECKPOINT", path}};
     expect_all_succeeded(run_ranks(c.save_ranks, body, save));
     expect_all_succeeded(run_ranks(c.load_ranks, body, load));
-    std::filesystem::remove_all(path);
+    remove_tree(path);
   }
 }
 
@@ -428,7 +429,7 @@ TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByNa
     refused([&] { model.load_sharded_checkpoint(directory.string()); }, "it is truncated or was overwritten");
     fs::remove(rank_file);
     refused([&] { model.load_sharded_checkpoint(directory.string()); }, "lacks rank 0's file");
-    fs::remove_all(directory);
+    remove_tree(directory);
   }));
 }
 
@@ -469,7 +470,7 @@ TEST(ShardingCheckpoint, ARankThatCannotLoadFailsEveryRank) {
         throw std::runtime_error("a rank went on after rank 1 could not load its part");
       },
       options));
-  std::filesystem::remove_all(path);
+  remove_tree(path);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ShardingGloo, ::testing::Values(2, 3, 4),

@@ -13,6 +13,7 @@
 #include <ddp/ddp.h>
 
 #include "support/multiprocess.h"
+#include "support/remove_tree.h"
 #include "support/sharding_scenarios.h"
 
 namespace {
@@ -48,7 +49,7 @@ TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
     check_resume_matches(*pg, ddp::Sharding::kNone, 3, directory, CheckpointFormat::kSharded);
     save_after_steps(*pg, ddp::Sharding::kNone, 2, directory, CheckpointFormat::kSharded);
     check_resume_matches(*pg, ddp::Sharding::kGradients, 2, directory, CheckpointFormat::kSharded);
-    std::filesystem::remove_all(directory);
+    remove_tree(directory);
   }));
 }
 

@@ -1,4 +1,5 @@
 #include "support/multiprocess.h"
+#include "support/remove_tree.h"
 
 #include "launcher/ports.h"
 
@@ -134,7 +135,7 @@ std::vector<RankOutcome> run_ranks(int world_size, const std::function<void(int)
     const fs::path error_file = result_dir / ("rank" + std::to_string(outcome.rank));
     if (fs::exists(error_file)) outcome.error = read_file(error_file);
   }
-  fs::remove_all(result_dir);
+  remove_tree(result_dir);
   return outcomes;
 }
 
