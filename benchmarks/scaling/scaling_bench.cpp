@@ -331,6 +331,7 @@ int main(int argc, char** argv) try {
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
       .add("sharding", "none", "none | optimizer (ZeRO-1) | gradients (ZeRO-2) | full (ZeRO-3, LLaMA: a unit per block)")
+      .add("param-dtype", "fp32", "--sharding full: fp32 | bf16, the dtype blocks are gathered and computed in")
       .add("reduce-dtype", "fp32",
            "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
            "bf16_compress_hook; only where there is more than one process)")
@@ -370,11 +371,16 @@ int main(int argc, char** argv) try {
   if (sharding == ddp::Sharding::kFull && model_name != "llama") {
     flags.fail("--sharding full needs a model whose forward runs its units through ddp::in_unit; use --model llama");
   }
-  auto options = ddp::DistributedDataParallelOptions()
-                     .bucket_cap_mb(flags.real("bucket-cap-mb"))
-                     .record_timeline(timeline)
-                     .sharding(sharding)
-                     .shard_units(llama::shard_units(sharding));
+  ddp::DistributedDataParallelOptions options;
+  try {
+    options = llama::sharding_options(sharding, flags.str("param-dtype"));
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
+  if (options.param_dtype() && policy.autocast_dtype() != at::kBFloat16) {
+    flags.fail("--param-dtype bf16 computes the blocks under bf16 autocast: use --precision bf16 or fp8");
+  }
+  options.bucket_cap_mb(flags.real("bucket-cap-mb")).record_timeline(timeline);
   const std::string reduce_dtype = flags.str("reduce-dtype");
   if (reduce_dtype != "fp32" && reduce_dtype != "bf16") flags.fail("--reduce-dtype must be fp32 or bf16");
   // One process reduces nothing, so its row stays the baseline of the scaling efficiency.
@@ -446,11 +452,12 @@ int main(int argc, char** argv) try {
       "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
-      "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"nccl_env\": {}, \"torch_version\": \"{}\"}}",
+      "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"nccl_env\": {}, \"torch_version\": \"{}\"}}",
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward), mean(optimizer),
       timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops, final_loss,
-      flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), nccl_environment_json(), TORCH_VERSION);
+      flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"), nccl_environment_json(),
+      TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

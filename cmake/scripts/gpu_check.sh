@@ -7,7 +7,8 @@
 #   fp8_throughput fused_kernels sharding checkpoints examples scaling profile
 # EXAMPLE_GPUS (default: gpu, all of them) and EXAMPLE_STEPS (default 20) set the examples' runs;
 # SHARDING_PRESETS (default tinyllama-1.1b), SHARDING_PRECISIONS (default bf16 fp8), SHARDING_MODES (default
-# none optimizer gradients full) and SHARDING_ROUNDS (default 2) the sharding step's;
+# none optimizer gradients full full-bf16, the last with --param-dtype bf16), SHARDING_ROUNDS (default 2),
+# SHARDING_GPUS (default 1) and SHARDING_ARGS (more scaling_bench flags) the sharding step's;
 # SCALING_ARGS adds run_scaling.py flags (--gpus 1,2 --models llama ...).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [STEP...]}
@@ -29,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpu
 echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-<unset>} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-<unset>}"
 step configure bash cmake/scripts/configure.sh python build/gpu
 step build cmake --build build/gpu -j "$(nproc)"
-step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure --verbose
+step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure --verbose ${CTEST_ARGS:-}  # e.g. CTEST_ARGS="-R Sharding"
 step smoke build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/smoke/collectives_smoke
 step allreduce build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/benchmarks/allreduce/allreduce_bench \
   --json "$out/allreduce.json" --markdown "$out/allreduce.md"
@@ -94,11 +95,12 @@ sharding() {
   for preset in ${SHARDING_PRESETS:-tinyllama-1.1b}; do
     for precision in ${SHARDING_PRECISIONS:-bf16 fp8}; do
       for ((round = 0; round < ${SHARDING_ROUNDS:-2}; ++round)); do
-        for mode in ${SHARDING_MODES:-none optimizer gradients full}; do
+        for mode in ${SHARDING_MODES:-none optimizer gradients full full-bf16}; do
           # shellcheck disable=SC2086
-          build/gpu/libddp/ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench \
+          build/gpu/libddp/ddprun --nproc-per-node ${SHARDING_GPUS:-1} --standalone build/gpu/benchmarks/scaling/scaling_bench \
             --model llama --preset $preset $([[ $preset == llama2-7b ]] && echo --batch 1) --precision $precision \
-            --sharding $mode --json "$out/sharding-throughput.jsonl" || rc=1
+            --sharding ${mode%-bf16} --param-dtype $([[ $mode == *-bf16 ]] && echo bf16 || echo fp32) \
+            --json "$out/sharding-throughput.jsonl" ${SHARDING_ARGS:-} || rc=1
         done
       done
     done

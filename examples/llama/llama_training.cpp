@@ -20,9 +20,18 @@ ddp::Float8Scaling float8_scaling_named(const std::string& name) {
   throw std::invalid_argument("--fp8-scaling must be current or delayed, got '" + name + "'");
 }
 
-std::vector<std::string> shard_units(ddp::Sharding sharding) {
-  if (sharding == ddp::Sharding::kFull) return {"layers.*"};
-  return {};
+ddp::DistributedDataParallelOptions sharding_options(ddp::Sharding sharding, const std::string& param_dtype) {
+  auto options = ddp::DistributedDataParallelOptions().sharding(sharding);
+  if (param_dtype != "fp32" && param_dtype != "bf16") {
+    throw std::invalid_argument("--param-dtype must be fp32 or bf16, got '" + param_dtype + "'");
+  }
+  if (sharding != ddp::Sharding::kFull) {
+    if (param_dtype == "bf16") throw std::invalid_argument("--param-dtype bf16 needs --sharding full");
+    return options;
+  }
+  options.shard_units({"layers.*"});
+  if (param_dtype == "bf16") options.param_dtype(at::kBFloat16);
+  return options;
 }
 
 std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(const ddp::DistributedDataParallel<Llama>& model, double lr,

@@ -65,6 +65,9 @@ int main(int argc, char** argv) try {
       .add("sharding", "none",
            "what each rank keeps whole: none (plain DDP) | optimizer (ZeRO-1: optimizer state sharded) | gradients "
            "(ZeRO-2: gradients too) | full (ZeRO-3: parameters too, each block gathered only while it runs)")
+      .add("param-dtype", "fp32",
+           "--sharding full: the dtype blocks are gathered and computed in, fp32 | bf16 (FSDP's param_dtype: half "
+           "the gather traffic, no autocast copies of the weights; the optimizer keeps fp32 masters)")
       .add("weight-decay", "0.1", "AdamW weight decay (not on norms)")
       .add("beta2", "0.95", "AdamW beta2")
       .add("seed", "0", "random seed");
@@ -103,6 +106,15 @@ int main(int argc, char** argv) try {
     sharding = ddp::parse_sharding(flags.str("sharding"));
   } catch (const ddp::UsageError& e) {
     flags.fail(e.what());
+  }
+  ddp::DistributedDataParallelOptions ddp_options;
+  try {
+    ddp_options = llama::sharding_options(sharding, flags.str("param-dtype"));
+  } catch (const std::invalid_argument& e) {
+    flags.fail(e.what());
+  }
+  if (ddp_options.param_dtype() && policy.autocast_dtype() != at::kBFloat16) {
+    flags.fail("--param-dtype bf16 computes the blocks under bf16 autocast: use --precision bf16 or fp8");
   }
   ddp::Float8Scaling float8_scaling{};
   try {
@@ -145,9 +157,7 @@ int main(int argc, char** argv) try {
                   report.skipped.size());
     }
   }
-  DataParallelLlama ddp_model(model, process_group,
-                              ddp::DistributedDataParallelOptions().sharding(sharding).shard_units(
-                                  llama::shard_units(sharding)));
+  DataParallelLlama ddp_model(model, process_group, ddp_options);
 
   const auto optimizer =
       llama::make_adamw(ddp_model, flags.real("lr"), flags.real("beta2"), flags.real("weight-decay"));

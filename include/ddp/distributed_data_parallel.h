@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -65,6 +66,16 @@ struct DistributedDataParallelOptions {
   /// model's forward runs each unit through ddp::in_unit. Parameters outside
   /// every unit (embeddings, the last norm) stay gathered.
   TORCH_ARG(std::vector<std::string>, shard_units) = {};
+  /// Sharding::kFull: the dtype units are gathered and computed in (FSDP's
+  /// MixedPrecisionPolicy param_dtype), e.g. at::kBFloat16: half the bytes
+  /// of each gather, and autocast finds the weights already in bf16 instead
+  /// of keeping a bf16 copy of each for backward. The units' parameters and
+  /// gradients take this dtype; the shards the optimizer steps, their
+  /// gradients and checkpoints keep the parameters' own (fp32 masters).
+  /// Gradients are averaged in it unless a comm hook says otherwise
+  /// (comm_hooks::average_in(at::kFloat)). Parameters outside units keep
+  /// their dtype. Unset: the parameters' own.
+  TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
 };
 
 /// Device times of one reduced backward pass, from the end of forward.

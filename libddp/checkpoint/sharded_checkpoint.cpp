@@ -38,6 +38,11 @@ struct Piece {
 
 std::string rank_file(const std::string& id, int rank) { return fmt::format("{}.rank{}.pt", id, rank); }
 
+// What a parameter is trained and saved in (a kFull unit may be gathered in a narrower dtype).
+at::ScalarType trained_dtype(const CheckpointedModel& model, std::size_t index) {
+  return model.sharded != nullptr ? model.sharded->trained_dtype(index) : model.trained[index].scalar_type();
+}
+
 std::string path_in(const std::string& directory, const std::string& file) {
   return (std::filesystem::path(directory) / file).string();
 }
@@ -205,10 +210,11 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
           directory, name, fmt::join(sizes, ", "), fmt::join(parameter.sizes(), ", ")));
     }
     const std::string dtype = read(entry, manifest_path, "dtype").toStringRef();
-    if (dtype != c10::toString(parameter.scalar_type())) {
+    const char* trained = c10::toString(trained_dtype(model, it->second));
+    if (dtype != trained) {
       throw UsageError(fmt::format(
           "sharded checkpoint '{}' holds '{}' in {}, the model's is {}; convert the model to {} before loading",
-          directory, name, dtype, c10::toString(parameter.scalar_type()), dtype));
+          directory, name, dtype, trained, dtype));
     }
     const std::vector<std::int64_t> strides = read(entry, manifest_path, "strides").toIntVector();
     if (c10::IntArrayRef(strides) != c10::IntArrayRef(flat_layout_strides(parameter))) {
@@ -481,7 +487,7 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
           entry.write("name", c10::IValue(model.names[i]));
           entry.write("sizes", c10::IValue(parameter.sizes().vec()));
           entry.write("strides", c10::IValue(flat_layout_strides(parameter)));
-          entry.write("dtype", c10::IValue(std::string(c10::toString(parameter.scalar_type()))));
+          entry.write("dtype", c10::IValue(std::string(c10::toString(trained_dtype(model, i)))));
           entry.write("step", c10::IValue(step[i]));
           entry.write("piece_ranks", c10::IValue(saved[i].ranks));
           entry.write("piece_begins", c10::IValue(saved[i].begins));

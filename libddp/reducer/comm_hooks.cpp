@@ -7,34 +7,40 @@
 
 namespace ddp::comm_hooks {
 
-CommHook average() {
-  return [](Communicator& comm, const GradBucket& bucket) -> std::function<void()> {
-    auto work = bucket.shard.defined() ? comm.reduce_scatter(bucket.shard, bucket.buffer, ReduceOp::kAvg)
-                                       : comm.all_reduce(bucket.buffer, ReduceOp::kAvg);
-    return [work] { work->wait_stream(); };
+namespace {
+
+// Averages `wire` (the bucket's gradients, or a cast of them) across ranks and
+// lands the result where the bucket wants it: the whole buffer, or this
+// rank's shard, casting back when the dtypes differ.
+std::function<void()> average_over_wire(Communicator& comm, const GradBucket& bucket, const at::Tensor& wire) {
+  const at::Tensor result = bucket.shard.defined() ? bucket.shard : bucket.buffer;
+  at::Tensor reduced = wire;
+  std::shared_ptr<Work> work;
+  if (bucket.shard.defined()) {
+    reduced = wire.scalar_type() == result.scalar_type() ? result : at::empty({result.numel()}, wire.options());
+    work = comm.reduce_scatter(reduced, wire, ReduceOp::kAvg);
+  } else {
+    work = comm.all_reduce(wire, ReduceOp::kAvg);
+  }
+  if (reduced.is_same(result)) return [work] { work->wait_stream(); };
+  return [work, reduced, result]() mutable {
+    work->wait_stream();
+    result.copy_(reduced);
   };
 }
 
+}  // namespace
+
+CommHook average() {
+  return [](Communicator& comm, const GradBucket& bucket) { return average_over_wire(comm, bucket, bucket.buffer); };
+}
+
 CommHook average_in(c10::ScalarType dtype) {
-  if (dtype != at::kBFloat16 && dtype != at::kHalf) {
-    throw UsageError(fmt::format("comm_hooks::average_in takes bf16 or fp16, got {}", c10::toString(dtype)));
+  if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) {
+    throw UsageError(fmt::format("comm_hooks::average_in takes bf16, fp16 or fp32, got {}", c10::toString(dtype)));
   }
-  return [dtype](Communicator& comm, const GradBucket& bucket) -> std::function<void()> {
-    at::Tensor compressed = bucket.buffer.to(dtype);
-    // Where the average lands: the whole buffer, or this rank's shard.
-    at::Tensor result = bucket.shard.defined() ? bucket.shard : bucket.buffer;
-    at::Tensor reduced = compressed;
-    std::shared_ptr<Work> work;
-    if (bucket.shard.defined()) {
-      reduced = at::empty({bucket.shard.numel()}, compressed.options());
-      work = comm.reduce_scatter(reduced, compressed, ReduceOp::kAvg);
-    } else {
-      work = comm.all_reduce(compressed, ReduceOp::kAvg);
-    }
-    return [work, reduced, result]() mutable {
-      work->wait_stream();
-      result.copy_(reduced);
-    };
+  return [dtype](Communicator& comm, const GradBucket& bucket) {
+    return average_over_wire(comm, bucket, bucket.buffer.to(dtype));
   };
 }
 

@@ -64,6 +64,32 @@ std::int64_t state_bytes(const torch::optim::Optimizer& optimizer) {
   return bytes;
 }
 
+/// The dtype kFull gathers units in if it differs from the parameters'
+/// (Undefined otherwise); UsageError for what cannot be gathered so.
+at::ScalarType checked_param_dtype(const DistributedDataParallelOptions& options, const std::vector<at::Tensor>& trained,
+                                   const std::vector<std::string>& names) {
+  if (!options.param_dtype()) return at::ScalarType::Undefined;
+  const c10::ScalarType dtype = *options.param_dtype();
+  if (options.sharding() != Sharding::kFull) {
+    throw UsageError(fmt::format(
+        "libddp: param_dtype({}) applies to the units Sharding::kFull gathers, but sharding is {}; set "
+        ".sharding(ddp::Sharding::kFull) with shard_units, or run the other modes under autocast",
+        c10::toString(dtype), to_string(options.sharding())));
+  }
+  if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) {
+    throw UsageError(fmt::format("libddp: param_dtype must be bf16, fp16 or fp32, got {}", c10::toString(dtype)));
+  }
+  for (std::size_t i = 0; i < trained.size(); ++i) {
+    if (trained[i].scalar_type() != at::kFloat) {
+      throw UsageError(fmt::format(
+          "libddp: param_dtype({}) gathers copies of fp32 parameters, but '{}' is {}; keep the model in fp32 (the "
+          "shards are its master weights) or leave param_dtype unset",
+          c10::toString(dtype), names[i], c10::toString(trained[i].scalar_type())));
+    }
+  }
+  return dtype == at::kFloat ? at::ScalarType::Undefined : dtype;
+}
+
 }  // namespace
 
 DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
@@ -124,6 +150,7 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
                                  "only with Sharding::kFull: set .sharding(ddp::Sharding::kFull) or drop shard_units",
                                  to_string(options.sharding())));
   }
+  const at::ScalarType param_dtype = checked_param_dtype(options, trained, names);
   std::vector<std::vector<std::size_t>> plan;
   ShardUnits units;
   std::vector<int> unit_of_bucket;
@@ -140,9 +167,11 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
     // One rank's shard is the whole unit: gathering would only copy it (4% of
     // a LLaMA step measured on one H200), so there, as FSDP does with
     // NO_SHARD, units stay whole while the schedule still checks in_unit.
-    const bool gathered_per_unit = comm.world_size() > 1;
+    // A narrower param_dtype makes the gather a cast, which autocast would do anyway.
+    const bool gathered_per_unit = comm.world_size() > 1 || param_dtype != at::ScalarType::Undefined;
     for (int unit : unit_of_bucket) transient.push_back(unit >= 0 && gathered_per_unit ? 1 : 0);
-    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce, transient);
+    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce, transient,
+                                                   param_dtype);
     config.sharded = sharded_;
     config.free_reduced_buckets = options.sharding() == Sharding::kGradients || full;
   }

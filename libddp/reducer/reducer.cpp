@@ -105,9 +105,11 @@ bool Reducer::frees_buckets() const { return config_.free_reduced_buckets && com
 
 void Reducer::allocate(Bucket& bucket) const {
   const at::Tensor& first = parameters_[bucket.parameters.front()];
-  // On one rank this rank's shard is the whole bucket: reducing is a no-op.
-  bucket.buffer = bucket.shard.defined() && comm_.world_size() == 1 ? bucket.shard
-                                                                      : at::zeros({bucket.padded_numel}, first.options());
+  // On one rank this rank's shard is the whole bucket: reducing is a no-op
+  // (unless the gradients come in a narrower dtype than the shard keeps).
+  const bool shard_is_bucket =
+      bucket.shard.defined() && comm_.world_size() == 1 && bucket.shard.scalar_type() == first.scalar_type();
+  bucket.buffer = shard_is_bucket ? bucket.shard : at::zeros({bucket.padded_numel}, first.options());
   bucket.views.clear();
   std::int64_t offset = 0;
   for (std::size_t index : bucket.parameters) {

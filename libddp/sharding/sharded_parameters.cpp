@@ -15,10 +15,14 @@ namespace ddp::detail {
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
                                      const std::vector<std::vector<std::size_t>>& plan, Communicator& comm,
-                                     bool gradient_shards, const std::vector<std::uint8_t>& transient)
+                                     bool gradient_shards, const std::vector<std::uint8_t>& transient,
+                                     at::ScalarType gathered_dtype)
     : parameters_(std::move(parameters)), comm_(comm), gradient_shards_(gradient_shards) {
   c10::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < parameters_.size(); ++i) index_of_[parameters_[i].unsafeGetTensorImpl()] = i;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    index_of_[parameters_[i].unsafeGetTensorImpl()] = i;
+    trained_dtypes_.push_back(parameters_[i].scalar_type());
+  }
   std::vector<Fragment> fragments;
   for (const auto& indices : plan) {
     Bucket bucket;
@@ -32,7 +36,14 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
     if (gradient_shards_) bucket.gradient_shard = at::zeros({bucket.layout.shard_numel}, first.options());
     for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
-    if (bucket.transient) bucket.master = bucket.buffer.narrow(0, shard_begin, bucket.layout.shard_numel).clone();
+    if (bucket.transient) {
+      bucket.master = bucket.buffer.narrow(0, shard_begin, bucket.layout.shard_numel).clone();
+      if (gathered_dtype != at::ScalarType::Undefined && gathered_dtype != bucket.buffer.scalar_type()) {
+        // The parameters take the gathered dtype; the master keeps their values whole.
+        bucket.buffer = bucket.buffer.to(gathered_dtype);
+        for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
+      }
+    }
     // The optimizer's view of the shard: in place in a resident buffer, the
     // kept master of a transient one.
     const at::Tensor& shard_home = bucket.transient ? bucket.master : bucket.buffer;
@@ -68,9 +79,9 @@ void ShardedParameters::adopt(Bucket& bucket, std::size_t slot) {
   const std::vector<std::int64_t> strides = flat_layout_strides(parameter);
   at::Tensor place = alias(bucket.buffer, bucket.layout.offsets[slot], parameter.sizes(), strides);
   place.copy_(parameter);
-  // Module::load gives a parameter the archive's device when it differs
-  // (save_module's host tensors): set_data may move it back, set_ may not.
-  if (parameter.device() != place.device()) {
+  // set_ keeps the tensor's dtype; set_data takes the place's (before the
+  // reducer hooks the gradient accumulators, which it resets).
+  if (parameter.scalar_type() != place.scalar_type()) {
     parameter.set_data(place);
   } else {
     parameter.set_(place.storage(), place.storage_offset(), parameter.sizes(), strides);
@@ -100,7 +111,8 @@ void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* global
     const bool used = globally_used == nullptr || (*globally_used)[fragment.parameter] != 0;
     at::Tensor source = gradient_shards_ ? fragment.gradient : parameter_gradient(fragment.parameter);
     if (used && source.defined()) {
-      grad = source;
+      // Unreduced gradients of a narrower gathered dtype reach the master in its own.
+      grad = source.scalar_type() == fragment.value.scalar_type() ? source : source.to(fragment.value.scalar_type());
     } else if (grad.defined()) {
       grad.zero_();  // what zero_grad() left, as one process keeps it for an unused parameter
     }
@@ -110,20 +122,17 @@ void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* global
 
 void ShardedParameters::gather() {
   c10::NoGradGuard no_grad;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    std::vector<std::size_t> replaced;
+  for (const Bucket& bucket : buckets_) {
     for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
-      if (!adopted(bucket, slot)) replaced.push_back(slot);
-    }
-    if (replaced.empty()) continue;
-    // Every rank loads the same module, so every rank gathers here alike.
-    if (bucket.transient) finish_gather(b);
-    for (std::size_t slot : replaced) adopt(bucket, slot);
-    if (bucket.transient) {
-      const std::int64_t shard = bucket.layout.shard_numel;
-      bucket.master.copy_(bucket.buffer.narrow(0, comm_.rank() * shard, shard));
-      release(b);  // one unit at a time on the device, as they were loaded
+      if (adopted(bucket, slot)) continue;
+      // The optimizer steps the shards, which a replaced storage no longer
+      // feeds; and on a GPU the replacement also drops DDP's gradient hooks.
+      throw UsageError(fmt::format(
+          "libddp: a sharded parameter of shape [{}] no longer views its shard buffer: Module::load, torch::load "
+          "or Module::to on the wrapped module replaced its storage. Load through model.load_module(archive) or "
+          "model.load_sharded_checkpoint(directory), which write into the shards, and move the module to its "
+          "device before wrapping it",
+          fmt::join(parameters_[bucket.parameters[slot]].sizes(), ", ")));
     }
   }
   if (!gather_pending_) return;
@@ -156,7 +165,8 @@ void ShardedParameters::start_gather(std::size_t index) {
   bucket.has_memory = true;
   gathered_bytes_ += bucket.buffer.nbytes();
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
-  bucket.gathering = comm_.all_gather(bucket.buffer, bucket.master);
+  const bool cast = bucket.master.scalar_type() != bucket.buffer.scalar_type();
+  bucket.gathering = comm_.all_gather(bucket.buffer, cast ? bucket.master.to(bucket.buffer.scalar_type()) : bucket.master);
 }
 
 void ShardedParameters::finish_gather(std::size_t index) {
@@ -221,7 +231,9 @@ void ShardedParameters::gather_whole(const std::function<at::Tensor(std::size_t 
   c10::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets_) {
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
-    at::Tensor mine = at::zeros({bucket.layout.shard_numel}, bucket.buffer.options());
+    // In the trained dtype, not a narrower gathered one.
+    const at::ScalarType dtype = trained_dtypes_[bucket.parameters.front()];
+    at::Tensor mine = at::zeros({bucket.layout.shard_numel}, bucket.buffer.options().dtype(dtype));
     for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
       auto it = fragment_of_.find(parameters_[bucket.parameters[slot]].unsafeGetTensorImpl());
       if (it == fragment_of_.end()) continue;

@@ -31,6 +31,11 @@ namespace ddp::detail {
 /// parameters, views of it, keep their shapes throughout. Releasing swaps
 /// the storage's memory out instead of re-pointing the parameters, so the
 /// tensors autograd saved in forward see the memory of the next gather.
+///
+/// A transient bucket may be gathered in a narrower dtype than its shard
+/// (FSDP's param_dtype): the parameters, views of the buffer, then take
+/// that dtype and so do their gradients, while the shard the optimizer
+/// steps and the gradient shard keep the parameters' own (fp32 masters).
 class ShardedParameters {
  public:
   /// `plan`: buckets of indices into `parameters`, the reducer's. Copies the
@@ -39,9 +44,11 @@ class ShardedParameters {
   /// not (one rank, nothing to average), the fragments' gradients alias the
   /// parameters' own, as plain DDP leaves them on one rank.
   /// `transient`: per bucket, whether it is transient (empty: none is);
-  /// transient buckets start gathered.
+  /// transient buckets start gathered. `gathered_dtype`: the dtype
+  /// transient buckets are gathered in (Undefined: the parameters' own).
   ShardedParameters(std::vector<at::Tensor> parameters, const std::vector<std::vector<std::size_t>>& plan,
-                    Communicator& comm, bool gradient_shards, const std::vector<std::uint8_t>& transient = {});
+                    Communicator& comm, bool gradient_shards, const std::vector<std::uint8_t>& transient = {},
+                    at::ScalarType gathered_dtype = at::ScalarType::Undefined);
 
   const ShardLayout& layout(std::size_t bucket) const { return buckets_[bucket].layout; }
   /// The bucket's parameters (indices into the parameters given), in layout order.
@@ -58,15 +65,14 @@ class ShardedParameters {
   /// zero_grad() left zeros. The next gather() makes the parameters whole.
   void attach_gradients(const std::vector<std::uint8_t>* globally_used);
 
-  /// Before a forward: takes in parameters whose storage was replaced
-  /// (Module::load), and, if an optimizer may have stepped the shards since
-  /// the last synchronised backward, all-gathers every resident buffer (the
+  /// Before a forward: if an optimizer may have stepped the shards since the
+  /// last synchronised backward, all-gathers every resident buffer (the
   /// current stream waits for the gathers on the device; the host does not).
   /// Without gradient shards it drops the parameters' gradients then
   /// instead: the step has consumed them, and the next backward must not add
-  /// to them. Transient buckets are left to start_gather(), but for those
-  /// with loaded parameters, which are gathered, updated and released one
-  /// at a time.
+  /// to them. Transient buckets are left to start_gather(). UsageError if a
+  /// parameter no longer views its buffer (Module::load or Module::to
+  /// replaced its storage), naming the loaders that write into the shards.
   void gather();
 
   std::size_t bucket_count() const { return buckets_.size(); }
@@ -93,6 +99,9 @@ class ShardedParameters {
   std::vector<at::Tensor> local_parameters() const { return local_parameters(parameters_); }
   /// The fragment of parameter `index` on this rank; undefined if it has no part here.
   at::Tensor fragment_of(std::size_t index) const;
+  /// The dtype parameter `index` is trained (stepped and saved) in: its own
+  /// before sharding, also when it is gathered in another.
+  at::ScalarType trained_dtype(std::size_t index) const { return trained_dtypes_[index]; }
   /// Where that fragment begins in the parameter, in elements of its flat
   /// layout (flat_layout_strides); -1 if it has no part here.
   std::int64_t fragment_begin(std::size_t index) const;
@@ -142,7 +151,7 @@ class ShardedParameters {
   };
 
   /// Points parameter `slot` of `bucket` at its place in the buffer, first
-  /// copying its value there.
+  /// copying its value there (cast to the buffer's dtype).
   void adopt(Bucket& bucket, std::size_t slot);
   bool adopted(const Bucket& bucket, std::size_t slot) const;
   /// A flat alias of parameter `index`'s gradient, in the parameter's memory
@@ -150,6 +159,7 @@ class ShardedParameters {
   at::Tensor parameter_gradient(std::size_t index) const;
 
   std::vector<at::Tensor> parameters_;
+  std::vector<at::ScalarType> trained_dtypes_;  // per parameter, before any gathered dtype
   Communicator& comm_;
   std::vector<Bucket> buckets_;
   std::vector<Fragment> fragments_;                                         // in parameter order

@@ -25,6 +25,10 @@ TEST(ShardingCuda, EveryModeTrainsAsPlainDdpOnOneGpu) {
     auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
     check_every_mode_on_one_rank(*pg, /*fused=*/false);
     check_every_mode_on_one_rank(*pg, /*fused=*/true);
+    UnitGathering bf16;  // FSDP's param_dtype: the gather is a cast to bf16 units, fp32 masters
+    bf16.param_dtype = at::kBFloat16;
+    bf16.tolerance = 2e-5;
+    check_units_gather_one_at_a_time(*pg, bf16);
   }));
 }
 

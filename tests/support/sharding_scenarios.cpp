@@ -1,7 +1,9 @@
 #include "support/sharding_scenarios.h"
 
 #include <cmath>
+#include <iomanip>
 #include <limits>
+#include <sstream>
 #include <unordered_set>
 
 #include <torch/torch.h>
@@ -116,6 +118,12 @@ DistributedDataParallelOptions in_mode(DistributedDataParallelOptions options, S
   return options.sharding(sharding).shard_units(units);
 }
 
+std::string scientific(double value) {
+  std::ostringstream text;
+  text << std::scientific << std::setprecision(2) << value;
+  return text.str();
+}
+
 double max_difference(torch::nn::Module& got, torch::nn::Module& expected, const std::string& what,
                       double tolerance) {
   double worst = 0;
@@ -123,8 +131,8 @@ double max_difference(torch::nn::Module& got, torch::nn::Module& expected, const
   for (const auto& item : got.named_parameters()) {
     const double diff = (item.value() - reference[item.key()]).abs().max().item<double>();
     require(std::isfinite(diff), what + ": parameter " + item.key() + " is not finite");
-    require(diff <= tolerance, what + ": parameter " + item.key() + " differs by " + std::to_string(diff) +
-                                   " (tolerance " + std::to_string(tolerance) + ")");
+    require(diff <= tolerance, what + ": parameter " + item.key() + " differs by " + scientific(diff) +
+                                   " (tolerance " + scientific(tolerance) + ")");
     worst = std::max(worst, diff);
   }
   return worst;
@@ -274,7 +282,9 @@ void check_memory_report(ProcessGroup& pg) {
 
 namespace {
 
-/// Six equal layers, each a unit of Sharding::kFull.
+/// Six equal layers, each a unit of Sharding::kFull. Each runs in the dtype
+/// its weight has (a unit gathered in bf16 takes bf16 inputs), as a model
+/// without autocast must.
 struct StackImpl : torch::nn::Module {
   StackImpl() {
     for (int i = 0; i < 6; ++i) layers->push_back(torch::nn::Linear(32, 32));
@@ -282,17 +292,22 @@ struct StackImpl : torch::nn::Module {
   }
   torch::Tensor forward(torch::Tensor x) {
     for (const auto& layer : *layers) {
-      x = torch::tanh(ddp::in_unit(*layer, [&] { return layer->as<torch::nn::Linear>()->forward(x); }));
+      x = torch::tanh(ddp::in_unit(*layer, [&] {
+        auto linear = layer->as<torch::nn::Linear>();
+        unit_dtype = linear->weight.scalar_type();
+        return linear->forward(x.to(unit_dtype)).to(x.scalar_type());
+      }));
     }
     return x;
   }
   torch::nn::ModuleList layers;
+  c10::ScalarType unit_dtype = at::kFloat;  ///< What the last unit's weight was when it ran.
 };
 TORCH_MODULE(Stack);
 
 }  // namespace
 
-void check_units_gather_one_at_a_time(ProcessGroup& pg) {
+void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gathering) {
   const c10::Device device = pg.device();
   const auto make = [&](std::uint64_t seed) {
     torch::manual_seed(seed);
@@ -300,8 +315,10 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg) {
     stack->to(device);
     return stack;
   };
-  DistributedDataParallel<Stack> full(make(1 + pg.rank()), borrow(pg),
-                                      DistributedDataParallelOptions().sharding(Sharding::kFull).shard_units({"layers.*"}));
+  auto options = DistributedDataParallelOptions().sharding(Sharding::kFull).shard_units({"layers.*"});
+  if (gathering.param_dtype) options.param_dtype(gathering.param_dtype);
+  if (gathering.comm_hook) options.comm_hook(gathering.comm_hook);
+  DistributedDataParallel<Stack> full(make(1 + pg.rank()), borrow(pg), options);
   Stack reference = make(1);
   // SGD: AdamW's normalised step would turn the ranks' different fp32 sum
   // orders into differences of up to its learning rate in near-zero gradients.
@@ -312,23 +329,51 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg) {
     torch::manual_seed(700 + 10 * step + rank);
     return torch::randn({kBatch, 32}).to(device);
   };
+  const c10::ScalarType unit_dtype = gathering.param_dtype.value_or(at::kFloat);
   for (int step = 0; step < 3; ++step) {
     optimizer->zero_grad();
     reference_optimizer->zero_grad();
     full(batch(step, pg.rank())).pow(2).mean().backward();
+    require(full.module()->unit_dtype == unit_dtype,
+            std::string("units ran in ") + c10::toString(full.module()->unit_dtype));
     for (int r = 0; r < pg.world_size(); ++r) (reference(batch(step, r)).pow(2).mean() / pg.world_size()).backward();
     optimizer->step();
     reference_optimizer->step();
   }
+  for (const auto& group : optimizer->param_groups()) {
+    for (const auto& master : group.params()) {
+      require(master.scalar_type() == at::kFloat && master.grad().scalar_type() == at::kFloat,
+              std::string("the optimizer steps ") + c10::toString(master.scalar_type()) + " shards");
+    }
+  }
   const MemoryReport report = full.memory_report(optimizer.get());
-  const std::int64_t unit_bytes = (32 * 32 + 32 + report.padding_elements / 6) * 4;
+  const std::int64_t unit_bytes = (32 * 32 + 32 + report.padding_elements / 6) * c10::elementSize(unit_dtype);
   // The unit running and the next, prefetched: in forward the one before is
   // freed as the next starts; in backward once its gradients are all in.
   require(report.peak_gathered_bytes >= unit_bytes && report.peak_gathered_bytes <= 2 * unit_bytes,
           "at most two of six units gathered at once: " + std::to_string(report.peak_gathered_bytes) + " bytes, " +
               std::to_string(unit_bytes) + " per unit");
+  // The masters, whole on rank 0, in the parameters' own dtype.
+  torch::serialize::OutputArchive archive;
+  full.save_module(archive);
+  if (pg.rank() == 0) {
+    std::stringstream bytes;
+    archive.save_to(bytes);
+    Stack masters = make(99);
+    torch::load(masters, bytes);
+    max_difference(*masters, *reference, "full sharding of a stack against one process", gathering.tolerance);
+  }
+  // What the units compute with: the masters in the gathered dtype.
   full.gather_parameters();
-  max_difference(*full.module(), *reference, "full sharding of a stack against one process", 1e-6);
+  for (const auto& item : full.module()->named_parameters()) {
+    const at::Tensor expected = reference->named_parameters()[item.key()].to(unit_dtype);
+    require(item.value().scalar_type() == unit_dtype, item.key() + " is not gathered in the param_dtype");
+    const double diff = (item.value().to(at::kFloat) - expected.to(at::kFloat)).abs().max().item<double>();
+    // bf16 of equal masters is equal; masters within tolerance differ by at most one rounding step more.
+    const double rounding = unit_dtype == at::kFloat ? 0 : expected.abs().max().item<double>() / 128;
+    require(diff <= gathering.tolerance + rounding,
+            "gathered " + item.key() + " differs from the reference by " + scientific(diff));
+  }
 }
 
 namespace {

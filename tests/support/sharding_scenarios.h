@@ -6,6 +6,7 @@
 // single-process reference that accumulates the gradients of every rank's
 // batches. After K steps all three must agree. Each throws std::runtime_error.
 
+#include <optional>
 #include <string>
 
 #include <ddp/ddp.h>
@@ -47,9 +48,17 @@ void check_every_mode_on_one_rank(ProcessGroup& pg, bool fused);
 /// kGradients the gradients, are 1/N of the model's (padding aside).
 void check_memory_report(ProcessGroup& pg);
 
+/// How check_units_gather_one_at_a_time gathers and reduces.
+struct UnitGathering {
+  std::optional<c10::ScalarType> param_dtype;  ///< Gather the units in it (unset: fp32).
+  CommHook comm_hook = nullptr;                  ///< Unset: average().
+  double tolerance = 1e-6;                       ///< Of the fp32 masters against one process.
+};
+
 /// Sharding::kFull over six equal layers, each a unit: trains as one
-/// process, and holds at most two units gathered at once.
-void check_units_gather_one_at_a_time(ProcessGroup& pg);
+/// process (SGD), holds at most two units gathered at once, runs the units
+/// in the param_dtype and steps fp32 masters.
+void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gathering = {});
 
 /// How a checkpoint holds the model and its optimizer state.
 enum class CheckpointFormat {
