@@ -323,15 +323,20 @@ int main(int argc, char** argv) try {
       .add("image-size", "224", "ResNet-50 image height and width")
       .add("precision", "bf16", "fp32 | tf32 | bf16 | fp8 (LLaMA)")
       .add("fp8-scaling", "delayed", "LLaMA fp8 recipe: delayed | current")
-      .add_switch("fp8-fast-accum", "LLaMA fp8: cuBLAS fast accumulation in the forward matmuls, as Transformer Engine's "
-                                    "and torchao's recipes do (off: every product accumulated in fp32)")
+      .add_switch("fp8-fast-accum",
+                  "LLaMA fp8: cuBLAS fast accumulation in the forward matmuls, as Transformer Engine's "
+                  "and torchao's recipes do (off: every product accumulated in fp32)")
       .add("batch", "", "samples per rank (default: 128 images, 4 sequences)")
       .add("steps", "30", "timed steps")
       .add("warmup", "10", "untimed steps first (cuDNN autotuning, bucket rebuild, allocator warm-up)")
       .add("device", "auto", "auto (the GPUs when there are, else the CPU) | cuda | cpu")
       .add("bucket-cap-mb", "25", "DDP bucket size")
-      .add("sharding", "none", "none | optimizer (ZeRO-1) | gradients (ZeRO-2) | full (ZeRO-3, LLaMA: a unit per block)")
+      .add("sharding", "none",
+           "none | optimizer (ZeRO-1) | gradients (ZeRO-2) | full (ZeRO-3, LLaMA: a unit per block)")
       .add("param-dtype", "fp32", "--sharding full: fp32 | bf16, the dtype blocks are gathered and computed in")
+      .add_switch("no-unit-gathers",
+                  "--sharding optimizer|gradients: no shard units, so the forward waits for every "
+                  "parameter gather before it starts (the A/B of their overlap with the forward)")
       .add("reduce-dtype", "fp32",
            "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
            "bf16_compress_hook; only where there is more than one process)")
@@ -379,6 +384,12 @@ int main(int argc, char** argv) try {
   }
   if (options.param_dtype() && policy.autocast_dtype() != at::kBFloat16) {
     flags.fail("--param-dtype bf16 computes the blocks under bf16 autocast: use --precision bf16 or fp8");
+  }
+  if (flags.on("no-unit-gathers")) {
+    if (sharding != ddp::Sharding::kOptimizer && sharding != ddp::Sharding::kGradients) {
+      flags.fail("--no-unit-gathers applies to --sharding optimizer or gradients");
+    }
+    options.shard_units({});
   }
   options.bucket_cap_mb(flags.real("bucket-cap-mb")).record_timeline(timeline);
   const std::string reduce_dtype = flags.str("reduce-dtype");
@@ -452,12 +463,13 @@ int main(int argc, char** argv) try {
       "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
-      "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"nccl_env\": {}, \"torch_version\": \"{}\"}}",
+      "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
+      "{}, \"torch_version\": \"{}\"}}",
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
-      1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward), mean(optimizer),
-      timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops, final_loss,
-      flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"), nccl_environment_json(),
-      TORCH_VERSION);
+      1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward),
+      mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops,
+      final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"),
+      !options.shard_units().empty(), nccl_environment_json(), TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

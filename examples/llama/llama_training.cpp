@@ -25,10 +25,11 @@ ddp::DistributedDataParallelOptions sharding_options(ddp::Sharding sharding, con
   if (param_dtype != "fp32" && param_dtype != "bf16") {
     throw std::invalid_argument("--param-dtype must be fp32 or bf16, got '" + param_dtype + "'");
   }
-  if (sharding != ddp::Sharding::kFull) {
-    if (param_dtype == "bf16") throw std::invalid_argument("--param-dtype bf16 needs --sharding full");
-    return options;
+  if (param_dtype == "bf16" && sharding != ddp::Sharding::kFull) {
+    throw std::invalid_argument("--param-dtype bf16 needs --sharding full");
   }
+  if (sharding == ddp::Sharding::kNone) return options;
+  // kFull gathers each block while it runs; ZeRO-1/2 wait for each block's gather at its entry.
   options.shard_units({"layers.*"});
   if (param_dtype == "bf16") options.param_dtype(at::kBFloat16);
   return options;

@@ -28,9 +28,11 @@ ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling 
 /// std::invalid_argument otherwise.
 ddp::Float8Scaling float8_scaling_named(const std::string& name);
 
-/// DDP's options for `sharding`: under Sharding::kFull each transformer block
-/// is a unit (as FSDP wraps each block), gathered in `param_dtype` ("fp32",
-/// or "bf16": FSDP's param_dtype, for bf16 autocast). Throws
+/// DDP's options for `sharding`: in the sharded modes each transformer
+/// block is a unit (as FSDP wraps each block; kFull gathers it while it
+/// runs, kOptimizer and kGradients wait for its gather at its entry), under
+/// kFull gathered in `param_dtype` ("fp32", or "bf16": FSDP's param_dtype,
+/// for bf16 autocast). Throws
 /// std::invalid_argument for another dtype, or bf16 outside kFull.
 ddp::DistributedDataParallelOptions sharding_options(ddp::Sharding sharding, const std::string& param_dtype);
 

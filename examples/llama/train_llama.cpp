@@ -55,8 +55,9 @@ int main(int argc, char** argv) try {
       .add("seq-len", "", "tokens per sequence")
       .add("precision", "bf16", "fp32 | tf32 | bf16 | fp16 | fp8")
       .add("fp8-scaling", "delayed", "fp8 recipe: delayed (amax history, Transformer Engine's default) | current")
-      .add_switch("fp8-fast-accum", "fp8: cuBLAS fast accumulation in the forward matmuls, as Transformer Engine's and "
-                                    "torchao's recipes do (off: every product accumulated in fp32)")
+      .add_switch("fp8-fast-accum",
+                  "fp8: cuBLAS fast accumulation in the forward matmuls, as Transformer Engine's and "
+                  "torchao's recipes do (off: every product accumulated in fp32)")
       .add("batch", "4", "sequences per micro-batch and rank")
       .add("data", "synthetic", "'synthetic', or a token file (make_tokens; llm.c or nanoGPT layout)")
       .add("val-data", "", "token file for validation (default: the training data, in file order)")

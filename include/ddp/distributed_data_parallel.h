@@ -64,7 +64,11 @@ struct DistributedDataParallelOptions {
   /// patterns where '*' stands for one path segment: {"layers.*"} makes
   /// each transformer block a unit (FSDP's fully_shard on each block). The
   /// model's forward runs each unit through ddp::in_unit. Parameters outside
-  /// every unit (embeddings, the last norm) stay gathered.
+  /// every unit (embeddings, the last norm) stay gathered. kOptimizer and
+  /// kGradients keep every parameter gathered, but units pace the
+  /// all-gather of the updated parameters: each unit waits only for its own
+  /// at its entry, so the gathers of later layers overlap the forward of
+  /// earlier ones (without units the forward waits for all of them first).
   TORCH_ARG(std::vector<std::string>, shard_units) = {};
   /// Sharding::kFull: the dtype units are gathered and computed in (FSDP's
   /// MixedPrecisionPolicy param_dtype), e.g. at::kBFloat16: half the bytes

@@ -66,15 +66,15 @@ std::int64_t state_bytes(const torch::optim::Optimizer& optimizer) {
 
 /// The dtype kFull gathers units in if it differs from the parameters'
 /// (Undefined otherwise); UsageError for what cannot be gathered so.
-at::ScalarType checked_param_dtype(const DistributedDataParallelOptions& options, const std::vector<at::Tensor>& trained,
-                                   const std::vector<std::string>& names) {
+at::ScalarType checked_param_dtype(const DistributedDataParallelOptions& options,
+                                   const std::vector<at::Tensor>& trained, const std::vector<std::string>& names) {
   if (!options.param_dtype()) return at::ScalarType::Undefined;
   const c10::ScalarType dtype = *options.param_dtype();
   if (options.sharding() != Sharding::kFull) {
-    throw UsageError(fmt::format(
-        "libddp: param_dtype({}) applies to the units Sharding::kFull gathers, but sharding is {}; set "
-        ".sharding(ddp::Sharding::kFull) with shard_units, or run the other modes under autocast",
-        c10::toString(dtype), to_string(options.sharding())));
+    throw UsageError(
+        fmt::format("libddp: param_dtype({}) applies to the units Sharding::kFull gathers, but sharding is {}; set "
+                    ".sharding(ddp::Sharding::kFull) with shard_units, or run the other modes under autocast",
+                    c10::toString(dtype), to_string(options.sharding())));
   }
   if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) {
     throw UsageError(fmt::format("libddp: param_dtype must be bf16, fp16 or fp32, got {}", c10::toString(dtype)));
@@ -145,16 +145,18 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
                      "DistributedDataParallelOptions().shard_units({\"layers.*\"}) (module paths, '*' for one "
                      "segment), or use Sharding::kGradients");
   }
-  if (!full && !options.shard_units().empty()) {
-    throw UsageError(fmt::format("libddp: shard_units is set but sharding is {}; units are gathered one at a time "
-                                 "only with Sharding::kFull: set .sharding(ddp::Sharding::kFull) or drop shard_units",
-                                 to_string(options.sharding())));
+  if (options.sharding() == Sharding::kNone && !options.shard_units().empty()) {
+    throw UsageError(
+        "libddp: shard_units is set but sharding is none; units are gathered only in the sharded "
+        "modes: set .sharding(ddp::Sharding::kFull) (or kOptimizer/kGradients, where units only "
+        "pace the parameter gathers) or drop shard_units");
   }
   const at::ScalarType param_dtype = checked_param_dtype(options, trained, names);
   std::vector<std::vector<std::size_t>> plan;
   ShardUnits units;
   std::vector<int> unit_of_bucket;
-  if (full) {
+  const bool has_units = !options.shard_units().empty();
+  if (has_units) {
     units = find_shard_units(*module_, trained, options.shard_units());
     plan = unit_buckets(trained, units, config.first_bucket_bytes, config.bucket_bytes, unit_of_bucket);
   } else {
@@ -163,26 +165,25 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   if (options.sharding() != Sharding::kNone) {
     // On one rank with the averaging hook there is nothing to reduce: the
     // shard is the whole gradient, which then stays where autograd put it.
-    std::vector<std::uint8_t> transient;
     // One rank's shard is the whole unit: gathering would only copy it (4% of
     // a LLaMA step measured on one H200), so there, as FSDP does with
     // NO_SHARD, units stay whole while the schedule still checks in_unit.
     // A narrower param_dtype makes the gather a cast, which autocast would do anyway.
-    const bool gathered_per_unit = comm.world_size() > 1 || param_dtype != at::ScalarType::Undefined;
-    for (int unit : unit_of_bucket) transient.push_back(unit >= 0 && gathered_per_unit ? 1 : 0);
-    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce, transient,
-                                                   param_dtype);
+    const bool transient_units = full && (comm.world_size() > 1 || param_dtype != at::ScalarType::Undefined);
+    sharded_ = std::make_shared<ShardedParameters>(trained, plan, comm, /*gradient_shards=*/config.reduce,
+                                                   unit_of_bucket, transient_units, param_dtype);
     config.sharded = sharded_;
     config.free_reduced_buckets = options.sharding() == Sharding::kGradients || full;
   }
-  if (full) {
+  if (has_units) {
     std::vector<std::size_t> bucket_of_unit(units.names.size());
     for (std::size_t bucket = 0; bucket < unit_of_bucket.size(); ++bucket) {
       if (unit_of_bucket[bucket] >= 0) bucket_of_unit[unit_of_bucket[bucket]] = bucket;
     }
     units_ = std::make_shared<UnitSchedule>(sharded_, std::move(units), std::move(bucket_of_unit));
     units_->register_units();
-    config.units = units_;
+    // Backward gathers and frees units only in kFull; resident units have nothing to do there.
+    if (full) config.units = units_;
   }
   trained_ = trained;
   trained_names_ = names;
@@ -194,7 +195,8 @@ DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
   reducer_->prepare_for_forward();
-  if (sharded_) sharded_->gather();
+  // Once in_unit is known to be called for every unit, each unit waits for its own gather.
+  if (sharded_) sharded_->gather(/*defer_units=*/units_ && units_->checked());
   if (units_) units_->before_forward();
   if (buffer_sync_ && module_->is_training()) {
     buffer_sync_->broadcast(process_group_->communicator(), 0);
@@ -204,9 +206,10 @@ void DataParallelCore::before_forward() {
 void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
   if (units_) {
     if (outputs.empty() && at::GradMode::is_enabled()) {
-      throw UsageError("libddp: with Sharding::kFull the module's forward must return its output as a tensor, or a "
-                       "vector, tuple or pair of them, so that the units it used can be checked; return the tensors "
-                       "and build other types from them outside the wrapped module");
+      throw UsageError(
+          "libddp: with shard_units the module's forward must return its output as a tensor, or a "
+          "vector, tuple or pair of them, so that the units it used can be checked; return the tensors "
+          "and build other types from them outside the wrapped module");
     }
     // The first time the graph can be seen, whether every unit it uses ran through in_unit.
     std::vector<std::uint8_t> used;

@@ -15,7 +15,7 @@ namespace ddp::detail {
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
                                      const std::vector<std::vector<std::size_t>>& plan, Communicator& comm,
-                                     bool gradient_shards, const std::vector<std::uint8_t>& transient,
+                                     bool gradient_shards, const std::vector<int>& unit_of_bucket, bool transient_units,
                                      at::ScalarType gathered_dtype)
     : parameters_(std::move(parameters)), comm_(comm), gradient_shards_(gradient_shards) {
   c10::NoGradGuard no_grad;
@@ -27,7 +27,8 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
   for (const auto& indices : plan) {
     Bucket bucket;
     bucket.parameters = indices;
-    bucket.transient = !transient.empty() && transient[buckets_.size()] != 0;
+    bucket.in_unit = !unit_of_bucket.empty() && unit_of_bucket[buckets_.size()] >= 0;
+    bucket.transient = bucket.in_unit && transient_units;
     std::vector<std::int64_t> numels;
     for (std::size_t index : indices) numels.push_back(parameters_[index].numel());
     bucket.layout = layout_shards(numels, comm_.world_size());
@@ -120,7 +121,7 @@ void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* global
   gather_pending_ = true;
 }
 
-void ShardedParameters::gather() {
+void ShardedParameters::gather(bool defer_units) {
   c10::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets_) {
     for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
@@ -147,7 +148,12 @@ void ShardedParameters::gather() {
   for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
     if (bucket->transient) continue;
     const std::int64_t shard = bucket->layout.shard_numel;
-    works.push_back(comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard)));
+    auto work = comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard));
+    if (defer_units && bucket->in_unit) {
+      bucket->gathering = std::move(work);
+    } else {
+      works.push_back(std::move(work));
+    }
   }
   for (auto& work : works) work->wait_stream();
 }
@@ -166,11 +172,16 @@ void ShardedParameters::start_gather(std::size_t index) {
   gathered_bytes_ += bucket.buffer.nbytes();
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
   const bool cast = bucket.master.scalar_type() != bucket.buffer.scalar_type();
-  bucket.gathering = comm_.all_gather(bucket.buffer, cast ? bucket.master.to(bucket.buffer.scalar_type()) : bucket.master);
+  bucket.gathering =
+      comm_.all_gather(bucket.buffer, cast ? bucket.master.to(bucket.buffer.scalar_type()) : bucket.master);
 }
 
 void ShardedParameters::finish_gather(std::size_t index) {
   start_gather(index);
+  settle(index);
+}
+
+void ShardedParameters::settle(std::size_t index) {
   Bucket& bucket = buckets_[index];
   if (!bucket.gathering) return;
   bucket.gathering->wait_stream();
@@ -183,8 +194,7 @@ void ShardedParameters::release(std::size_t index) {
   // A prefetch that was not used may still be in flight. NCCL recorded its
   // stream on the memory, but Gloo copies into it from a worker thread at
   // the end: wait for it (on the device for NCCL, on the host for Gloo).
-  if (bucket.gathering) bucket.gathering->wait_stream();
-  bucket.gathering.reset();
+  settle(index);
   gathered_bytes_ -= bucket.buffer.nbytes();
   c10::StorageImpl* storage = bucket.buffer.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, bucket.buffer.device()));

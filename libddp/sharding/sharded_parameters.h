@@ -43,12 +43,13 @@ class ShardedParameters {
   /// `gradient_shards`: whether the reducer reduces into gradient shards; if
   /// not (one rank, nothing to average), the fragments' gradients alias the
   /// parameters' own, as plain DDP leaves them on one rank.
-  /// `transient`: per bucket, whether it is transient (empty: none is);
-  /// transient buckets start gathered. `gathered_dtype`: the dtype
+  /// `unit_of_bucket`: per bucket, the shard unit whose parameters it holds,
+  /// or -1 (empty: no units). `transient_units`: whether unit buckets are
+  /// transient (kFull); they start gathered. `gathered_dtype`: the dtype
   /// transient buckets are gathered in (Undefined: the parameters' own).
   ShardedParameters(std::vector<at::Tensor> parameters, const std::vector<std::vector<std::size_t>>& plan,
-                    Communicator& comm, bool gradient_shards, const std::vector<std::uint8_t>& transient = {},
-                    at::ScalarType gathered_dtype = at::ScalarType::Undefined);
+                    Communicator& comm, bool gradient_shards, const std::vector<int>& unit_of_bucket = {},
+                    bool transient_units = false, at::ScalarType gathered_dtype = at::ScalarType::Undefined);
 
   const ShardLayout& layout(std::size_t bucket) const { return buckets_[bucket].layout; }
   /// The bucket's parameters (indices into the parameters given), in layout order.
@@ -68,12 +69,15 @@ class ShardedParameters {
   /// Before a forward: if an optimizer may have stepped the shards since the
   /// last synchronised backward, all-gathers every resident buffer (the
   /// current stream waits for the gathers on the device; the host does not).
-  /// Without gradient shards it drops the parameters' gradients then
-  /// instead: the step has consumed them, and the next backward must not add
-  /// to them. Transient buckets are left to start_gather(). UsageError if a
-  /// parameter no longer views its buffer (Module::load or Module::to
-  /// replaced its storage), naming the loaders that write into the shards.
-  void gather();
+  /// With `defer_units`, a unit's resident bucket is only started: the
+  /// unit's entry waits for it (finish_gather), so that the gathers of later
+  /// layers overlap the forward of earlier ones. Without gradient shards it
+  /// drops the parameters' gradients then instead: the step has consumed
+  /// them, and the next backward must not add to them. Transient buckets
+  /// are left to start_gather(). UsageError if a parameter no longer views
+  /// its buffer (Module::load or Module::to replaced its storage), naming
+  /// the loaders that write into the shards.
+  void gather(bool defer_units = false);
 
   std::size_t bucket_count() const { return buckets_.size(); }
   bool transient(std::size_t bucket) const { return buckets_[bucket].transient; }
@@ -81,9 +85,12 @@ class ShardedParameters {
   /// shards into it on the communicator's stream; nothing if it has memory.
   /// Collective.
   void start_gather(std::size_t bucket);
-  /// A transient bucket: orders the current stream after its gather
-  /// (started now if it was not), so kernels queued next see the parameters.
+  /// Orders the current stream after the bucket's gather (a transient one's
+  /// is started now if it was not), so kernels queued next see the parameters.
   void finish_gather(std::size_t bucket);
+  /// Orders the current stream after the bucket's gather in flight, if any,
+  /// starting none: a prefetch or a deferred gather whose unit did not run.
+  void settle(std::size_t bucket);
   /// A transient bucket: gives its buffer's memory back (the allocator
   /// reuses it once the kernels queued so far are done with it). Nothing
   /// for a resident one.
@@ -145,6 +152,7 @@ class ShardedParameters {
     at::Tensor buffer;          ///< padded_numel elements; the parameters are views of it.
     at::Tensor gradient_shard;  ///< shard_numel elements.
     bool transient = false;
+    bool in_unit = false;       ///< Holds a shard unit's parameters.
     at::Tensor master;          ///< Transient: this rank's shard_numel elements, kept.
     bool has_memory = true;     ///< Transient: the buffer is allocated (gathered or gathering).
     std::shared_ptr<Work> gathering;  ///< The gather in flight, if one is.

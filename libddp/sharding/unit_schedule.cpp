@@ -108,9 +108,13 @@ void UnitSchedule::after_forward(const std::vector<std::uint8_t>* used) {
   std::fill(position_.begin(), position_.end(), -1);
   for (std::size_t i = 0; i < order_.size(); ++i) position_[order_[i]] = static_cast<int>(i);
   if (checked_) {
-    // Keep only what backward needs first (leave() decided); drop prefetches that did not run.
+    // Keep only what backward needs first (leave() decided); drop prefetches
+    // and finish deferred gathers of units that did not run (the optimizer
+    // steps into resident buffers).
     for (std::size_t unit = 0; unit < units_.names.size(); ++unit) {
-      if (!entered_[unit]) sharded_->release(bucket_of_unit_[unit]);
+      if (entered_[unit]) continue;
+      sharded_->settle(bucket_of_unit_[unit]);
+      sharded_->release(bucket_of_unit_[unit]);
     }
     return;
   }
@@ -126,9 +130,9 @@ void UnitSchedule::after_forward(const std::vector<std::uint8_t>* used) {
   }
   if (!outside.empty()) {
     throw UsageError(fmt::format(
-        "libddp: with Sharding::kFull, shard units {} ran outside ddp::in_unit, so their parameters could not "
-        "be gathered for them; call each unit through ddp::in_unit(*unit, [&] {{ return unit->forward(...); }}) "
-        "in the model's forward, or leave it out of shard_units",
+        "libddp: shard units {} ran outside ddp::in_unit, so their parameters could not be gathered for them; "
+        "call each unit through ddp::in_unit(*unit, [&] {{ return unit->forward(...); }}) in the model's forward, "
+        "or leave it out of shard_units",
         fmt::join(outside, ", ")));
   }
   checked_ = true;

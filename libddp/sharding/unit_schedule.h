@@ -14,8 +14,10 @@ namespace ddp::detail {
 
 class ShardedParameters;
 
-/// When each unit of Sharding::kFull holds its gathered parameters, as
-/// FSDP's pre- and post-forward and backward hooks decide it. LibTorch's C++
+/// When each shard unit holds its gathered parameters, as FSDP's pre- and
+/// post-forward and backward hooks decide it. (With kOptimizer and
+/// kGradients units are resident: entering one only waits for the gather of
+/// its bucket that the forward started, and the rest does nothing.) LibTorch's C++
 /// modules have no forward hooks, so a unit announces its forward itself
 /// (ddp::in_unit); its backward is announced by hooks on its outputs'
 /// gradients, which autograd computes before any of the unit's backward.

@@ -78,6 +78,9 @@ TEST_P(ShardingGloo, MlpInOneAndInManyBucketsMatchesPlainDdpAndOneProcess) {
       // Buckets of a few hundred elements: parameters cut across shards and buckets.
       scenario.options.bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005);
       check_sharded_matches(*pg, scenario);
+      // kOptimizer and kGradients with units: each waits for its own gather.
+      scenario.units = true;
+      check_sharded_matches(*pg, scenario);
     }
   }));
 }
@@ -92,6 +95,10 @@ TEST_P(ShardingGloo, UnusedBranchTiedAndFrozenParametersMatch) {
       scenario.steps = 4;
       scenario.options.find_unused_parameters(true).bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005);
       check_sharded_matches(*pg, scenario);
+      // A unit some ranks skip: its deferred gather is finished after the forward.
+      scenario.units = true;
+      check_sharded_matches(*pg, scenario);
+      scenario.units = false;
       scenario.model = ShardedModel::kTied;
       scenario.steps = 3;
       scenario.options.find_unused_parameters(false);
@@ -249,8 +256,10 @@ TEST(ShardingFullGlooOneRank, BadUnitsAreRefusedByName) {
     };
     const auto full = ddp::DistributedDataParallelOptions().sharding(Sharding::kFull);
     refused(full, "Sharding::kFull needs units to gather one at a time");
+    refused(ddp::DistributedDataParallelOptions().shard_units({"0"}), "shard_units is set but sharding is none");
+    // Units pace the gathers of kGradients too, and are checked the same way.
     refused(ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients).shard_units({"0"}),
-            "shard_units is set but sharding is gradients");
+            "shard units 0 ran outside ddp::in_unit");
     refused(ddp::DistributedDataParallelOptions(full).shard_units({"layers.*"}),
             "shard_units pattern 'layers.*' matches no submodule of the model");
     refused(ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients).param_dtype(at::kBFloat16),

@@ -110,11 +110,13 @@ std::shared_ptr<ProcessGroup> borrow(ProcessGroup& pg) { return {&pg, [](Process
 /// side branch, which then runs on some steps only (on every rank alike):
 /// the head's prefetch of it goes unused.
 DistributedDataParallelOptions in_mode(DistributedDataParallelOptions options, Sharding sharding,
-                                       ShardedModel kind = ShardedModel::kMlp) {
+                                       ShardedModel kind = ShardedModel::kMlp, bool units_in_every_mode = false) {
   std::vector<std::string> units;
-  if (sharding == Sharding::kFull) units = {"trunk", "head"};
-  if (sharding == Sharding::kFull && kind == ShardedModel::kTied) units.push_back("embed");
-  if (sharding == Sharding::kFull && kind == ShardedModel::kBranchy) units.push_back("side");
+  if (sharding == Sharding::kFull || (units_in_every_mode && sharding != Sharding::kNone)) {
+    units = {"trunk", "head"};
+    if (kind == ShardedModel::kTied) units.push_back("embed");
+    if (kind == ShardedModel::kBranchy) units.push_back("side");
+  }
   return options.sharding(sharding).shard_units(units);
 }
 
@@ -131,8 +133,8 @@ double max_difference(torch::nn::Module& got, torch::nn::Module& expected, const
   for (const auto& item : got.named_parameters()) {
     const double diff = (item.value() - reference[item.key()]).abs().max().item<double>();
     require(std::isfinite(diff), what + ": parameter " + item.key() + " is not finite");
-    require(diff <= tolerance, what + ": parameter " + item.key() + " differs by " + scientific(diff) +
-                                   " (tolerance " + scientific(tolerance) + ")");
+    require(diff <= tolerance, what + ": parameter " + item.key() + " differs by " + scientific(diff) + " (tolerance " +
+                                   scientific(tolerance) + ")");
     worst = std::max(worst, diff);
   }
   return worst;
@@ -146,7 +148,7 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
   auto options = scenario.options;
   // Each rank starts from different weights: DDP must copy rank 0's.
   DistributedDataParallel<Net> sharded(make_net(scenario, 100 + pg.rank(), device), borrow(pg),
-                                       in_mode(options, scenario.sharding, scenario.model));
+                                       in_mode(options, scenario.sharding, scenario.model, scenario.units));
   DistributedDataParallel<Net> plain(make_net(scenario, 200 + pg.rank(), device), borrow(pg),
                                      in_mode(options, Sharding::kNone, scenario.model));
   {
@@ -360,7 +362,8 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
     std::stringstream bytes;
     archive.save_to(bytes);
     Stack masters = make(99);
-    torch::load(masters, bytes);
+    torch::load(masters, bytes);  // onto the archive's host tensors
+    masters->to(device);
     max_difference(*masters, *reference, "full sharding of a stack against one process", gathering.tolerance);
   }
   // What the units compute with: the masters in the gathered dtype.

@@ -24,6 +24,9 @@ struct ShardingScenario {
   ShardedModel model = ShardedModel::kMlp;
   Sharding sharding = Sharding::kOptimizer;
   DistributedDataParallelOptions options;  ///< Its sharding is set from `sharding`.
+  /// The layers as shard units in kOptimizer and kGradients too (kFull
+  /// always has them), where they pace the parameters' gathers.
+  bool units = false;
   int width = 33;             ///< Hidden width: 33 makes element counts divisible by no world size.
   int steps = 3;
   int micro_steps = 1;        ///< > 1: the first micro_steps - 1 backward passes run under no_sync()
@@ -51,8 +54,8 @@ void check_memory_report(ProcessGroup& pg);
 /// How check_units_gather_one_at_a_time gathers and reduces.
 struct UnitGathering {
   std::optional<c10::ScalarType> param_dtype;  ///< Gather the units in it (unset: fp32).
-  CommHook comm_hook = nullptr;                  ///< Unset: average().
-  double tolerance = 1e-6;                       ///< Of the fp32 masters against one process.
+  CommHook comm_hook = nullptr;                ///< Unset: average().
+  double tolerance = 1e-6;                     ///< Of the fp32 masters against one process.
 };
 
 /// Sharding::kFull over six equal layers, each a unit: trains as one
