@@ -9,6 +9,7 @@
 #include <ddp/errors.h>
 
 #include "comm/backends.h"
+#include "runtime/rendezvous.h"
 
 namespace ddp {
 
@@ -93,83 +94,6 @@ void check_backend_usable(Backend backend, const Environment& env) {
   }
 }
 
-std::string read_string(c10d::Store& store, const std::string& key) {
-  const std::vector<uint8_t> bytes = store.get(key);
-  return std::string(bytes.begin(), bytes.end());
-}
-
-/// Every rank connects to rank 0's TCP store, then waits until all
-/// WORLD_SIZE ranks have checked in, all within `timeout`. The check-in is
-/// done here rather than by the store so that the wait is bounded on every
-/// LibTorch version and the error can say how many ranks arrived.
-c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::milliseconds timeout) {
-  const auto fail = [&](std::string what) {
-    what = what.substr(0, what.find('\n'));  // LibTorch's reason, without its backtrace
-    return Error(fmt::format(
-        "libddp: rank {} could not meet the other ranks through the store at MASTER_ADDR:MASTER_PORT = {}:{} "
-        "within {} ms: {}\nRank 0 serves this store: check that all {} ranks started with the same MASTER_ADDR "
-        "and MASTER_PORT, that rank 0's host is reachable from here, and that the port is free on rank 0's host.",
-        env.rank, env.master_addr, env.master_port, timeout.count(), what, env.world_size));
-  };
-  c10d::TCPStoreOptions options;
-  options.port = env.master_port;
-  options.isServer = env.rank == 0;
-  options.numWorkers = static_cast<std::size_t>(env.world_size);
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
-  } catch (const std::exception& e) {
-    throw fail(e.what());
-  }
-
-  const std::string world_key = "ddp/rendezvous/world_size";
-  const std::string run_key = "ddp/rendezvous/run_id";
-  const std::string count_key = "ddp/rendezvous/joined";
-  const std::string done_key = "ddp/rendezvous/complete";
-  try {
-    if (env.rank == 0) {
-      // The job's identity first: a rank that sees the world size sees it too.
-      store->set(run_key, std::vector<uint8_t>(env.run_id.begin(), env.run_id.end()));
-      const std::string world = std::to_string(env.world_size);
-      store->set(world_key, std::vector<uint8_t>(world.begin(), world.end()));
-    } else {
-      store->wait({world_key}, timeout);
-      // Before this rank counts itself in: a rank of another job that reached
-      // this store (two jobs on one MASTER_PORT) must not join it.
-      const std::string run = read_string(*store, run_key);
-      if (run != env.run_id) {
-        const auto shown = [](const std::string& id) { return id.empty() ? std::string("<unset>") : "'" + id + "'"; };
-        throw UsageError(fmt::format(
-            "rank {} of job {} reached the rendezvous store at {}:{}, which serves job {}: two jobs use the same "
-            "MASTER_PORT. Give each job its own port (ddprun --standalone picks a free one) and start every rank "
-            "of a job with the same TORCHELASTIC_RUN_ID (ddprun sets it; --rdzv-id chooses it).",
-            env.rank, shown(env.run_id), env.master_addr, env.master_port, shown(run)));
-      }
-      const std::string world = read_string(*store, world_key);
-      if (world != std::to_string(env.world_size)) {
-        throw UsageError(fmt::format("WORLD_SIZE differs between ranks: rank 0 has {}, rank {} has {}. Start every "
-                                     "rank with the same WORLD_SIZE.",
-                                     world, env.rank, env.world_size));
-      }
-    }
-    if (store->add(count_key, 1) == env.world_size) store->set(done_key, std::vector<uint8_t>{1});
-    store->wait({done_key}, timeout);
-  } catch (const UsageError&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::int64_t joined = -1;
-    try {
-      joined = store->add(count_key, 0);
-    } catch (...) {
-    }
-    throw fail(joined >= 0 ? fmt::format("only {} of {} ranks arrived ({})", joined, env.world_size, e.what())
-                           : std::string(e.what()));
-  }
-  return store;
-}
-
 std::shared_ptr<Communicator> make_communicator(Backend backend, const detail::CommunicatorBase::Setup& setup,
                                                int local_rank) {
   switch (backend) {
@@ -195,7 +119,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   check_backend_usable(backend, env);
   const std::chrono::milliseconds timeout = choose_timeout(options);
 
-  state->store = rendezvous(env, choose_rendezvous_timeout(options));
+  state->store = detail::rendezvous(env, choose_rendezvous_timeout(options));
   detail::CommunicatorBase::Setup setup;
   setup.rank = env.rank;
   setup.world_size = env.world_size;
