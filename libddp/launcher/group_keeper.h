@@ -19,6 +19,8 @@ class GroupKeeper {
 
   /// From now on the keeper kills `group` if ddprun goes away.
   void hold(pid_t group);
+  /// The keeper's process (a child of ddprun).
+  pid_t pid() const { return pid_; }
 
  private:
   pid_t pid_ = -1;

@@ -1,6 +1,7 @@
 #include "launcher/supervisor.h"
 
 #include "launcher/group_keeper.h"
+#include "launcher/orphans.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -264,8 +265,18 @@ void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, 
     kill_at = Clock::now() + options.grace_period;
   };
 
+  bool orphans_killed = false;
   for (;;) {
     const bool any_running = std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.running; });
+    if (!any_running && !orphans_killed) {
+      // Descendants that left their worker's group (setsid) came to ddprun
+      // when their parents died; they may hold the workers' pipes open.
+      orphans_killed = true;
+      if (const int orphans = kill_orphans(keeper.pid()); orphans > 0) {
+        std::fprintf(stderr, "ddprun: killed %d process(es) the workers left behind outside their process groups\n",
+                     orphans);
+      }
+    }
     const bool any_open = std::any_of(workers.begin(), workers.end(),
                                       [](const Worker& w) { return w.out_fd >= 0 || w.err_fd >= 0; });
     if (!any_running && !any_open) break;
@@ -378,6 +389,7 @@ int supervise(const LaunchOptions& options) {
 
   // Kills the workers' groups, grandchildren included, should ddprun itself be killed.
   GroupKeeper keeper;
+  become_subreaper();
   int exit_code = 0;
   int master_port = options.master_port;
   for (int restart = 0;; ++restart) {

@@ -276,6 +276,26 @@ TEST(Ddprun, SigkillOfDdprunLeavesNoGrandchildren) {
   EXPECT_EQ(wait_until_dead(pids, seconds(5)), std::vector<pid_t>{}) << "a wrapper's children outlived ddprun";
 }
 
+// A worker's descendant that leaves its process group (setsid, a daemon)
+// and holds the worker's output open: ddprun, its subreaper, kills it when
+// the job ends instead of waiting for it or leaving it to init.
+TEST(Ddprun, ADescendantThatLeftItsGroupIsKilledWhenTheJobEnds) {
+  ScratchDir scratch;
+  const std::string pid_file = scratch.path() + "/escaped.pid";
+  const std::string script =
+      "setsid sleep 300 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file + "; exit 3";
+  const DdprunResult result =
+      run_ddprun({"--standalone", "--nproc-per-node", "1", "/bin/sh", "-c", script}, scratch, {}, seconds(20));
+  EXPECT_EQ(result.exit_code, 1) << result.output;
+  EXPECT_TRUE(contains(result.output, "killed 1 process(es) the workers left behind")) << result.output;
+  std::ifstream in(pid_file);
+  pid_t escaped = 0;
+  ASSERT_TRUE(in >> escaped) << "the worker wrote no pid";
+  const std::vector<pid_t> alive = wait_until_dead({escaped}, seconds(5));
+  for (pid_t pid : alive) ::kill(pid, SIGKILL);
+  EXPECT_EQ(alive, std::vector<pid_t>{}) << "a setsid descendant outlived the job";
+}
+
 TEST(Ddprun, RestartsUntilTheProgramSucceeds) {
   ScratchDir scratch;
   const std::string logs = scratch.path() + "/logs";
