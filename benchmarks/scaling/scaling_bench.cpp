@@ -367,24 +367,17 @@ int main(int argc, char** argv) try {
   torch::manual_seed(0);
 
   const bool timeline = !flags.on("no-timeline") && device.is_cuda();
-  ddp::Sharding sharding = ddp::Sharding::kNone;
-  try {
-    sharding = ddp::parse_sharding(flags.str("sharding"));
-  } catch (const ddp::UsageError& e) {
-    flags.fail(e.what());
-  }
-  if (sharding == ddp::Sharding::kFull && model_name != "llama") {
-    flags.fail("--sharding full needs a model whose forward runs its units through ddp::in_unit; use --model llama");
-  }
   ddp::DistributedDataParallelOptions options;
   try {
-    options = llama::sharding_options(sharding, flags.str("param-dtype"));
+    options = llama::sharding_options(flags.str("sharding"), flags.str("param-dtype"), policy);
   } catch (const std::invalid_argument& e) {
     flags.fail(e.what());
   }
-  if (options.param_dtype() && policy.autocast_dtype() != at::kBFloat16) {
-    flags.fail("--param-dtype bf16 computes the blocks under bf16 autocast: use --precision bf16 or fp8");
+  const ddp::Sharding sharding = options.sharding();
+  if (sharding == ddp::Sharding::kFull && model_name != "llama") {
+    flags.fail("--sharding full needs a model whose forward runs its units through ddp::in_unit; use --model llama");
   }
+  if (model_name != "llama") options.shard_units({});  // ResNet's blocks do not run through ddp::in_unit
   if (flags.on("no-unit-gathers")) {
     if (sharding != ddp::Sharding::kOptimizer && sharding != ddp::Sharding::kGradients) {
       flags.fail("--no-unit-gathers applies to --sharding optimizer or gradients");

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <ddp/errors.h>
+
 namespace llama {
 
 ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling,
@@ -20,13 +22,24 @@ ddp::Float8Scaling float8_scaling_named(const std::string& name) {
   throw std::invalid_argument("--fp8-scaling must be current or delayed, got '" + name + "'");
 }
 
-ddp::DistributedDataParallelOptions sharding_options(ddp::Sharding sharding, const std::string& param_dtype) {
+ddp::DistributedDataParallelOptions sharding_options(const std::string& sharding_name, const std::string& param_dtype,
+                                                     const ddp::PrecisionPolicy& policy) {
+  ddp::Sharding sharding = ddp::Sharding::kNone;
+  try {
+    sharding = ddp::parse_sharding(sharding_name);
+  } catch (const ddp::UsageError& e) {
+    throw std::invalid_argument(e.what());
+  }
   auto options = ddp::DistributedDataParallelOptions().sharding(sharding);
   if (param_dtype != "fp32" && param_dtype != "bf16") {
     throw std::invalid_argument("--param-dtype must be fp32 or bf16, got '" + param_dtype + "'");
   }
   if (param_dtype == "bf16" && sharding != ddp::Sharding::kFull) {
     throw std::invalid_argument("--param-dtype bf16 needs --sharding full");
+  }
+  if (param_dtype == "bf16" && policy.autocast_dtype() != at::kBFloat16) {
+    throw std::invalid_argument(
+        "--param-dtype bf16 computes the blocks under bf16 autocast: use --precision bf16 or fp8");
   }
   if (sharding == ddp::Sharding::kNone) return options;
   // kFull gathers each block while it runs; ZeRO-1/2 wait for each block's gather at its entry.

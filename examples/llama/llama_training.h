@@ -12,6 +12,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/float8.h>
 #include <ddp/optim.h>
+#include <ddp/precision.h>
 
 #include "llama_model.h"
 
@@ -28,13 +29,14 @@ ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling 
 /// std::invalid_argument otherwise.
 ddp::Float8Scaling float8_scaling_named(const std::string& name);
 
-/// DDP's options for `sharding`: in the sharded modes each transformer
-/// block is a unit (as FSDP wraps each block; kFull gathers it while it
-/// runs, kOptimizer and kGradients wait for its gather at its entry), under
-/// kFull gathered in `param_dtype` ("fp32", or "bf16": FSDP's param_dtype,
-/// for bf16 autocast). Throws
-/// std::invalid_argument for another dtype, or bf16 outside kFull.
-ddp::DistributedDataParallelOptions sharding_options(ddp::Sharding sharding, const std::string& param_dtype);
+/// DDP's options for the --sharding and --param-dtype flags: in the sharded
+/// modes each transformer block is a unit (as FSDP wraps each block; kFull
+/// gathers it while it runs, kOptimizer and kGradients wait for its gather
+/// at its entry), under kFull gathered in `param_dtype` ("fp32", or "bf16":
+/// FSDP's param_dtype, which needs `policy`'s bf16 autocast). Throws
+/// std::invalid_argument naming the bad flag.
+ddp::DistributedDataParallelOptions sharding_options(const std::string& sharding, const std::string& param_dtype,
+                                                     const ddp::PrecisionPolicy& policy);
 
 /// AdamW (fused where LibTorch has the kernel) with weight decay on matrices
 /// only, not on norms, over what `model` says this rank steps (its shards of

@@ -102,21 +102,13 @@ int main(int argc, char** argv) try {
   if (batch < 1) flags.fail("--batch must be at least 1");
 
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
-  ddp::Sharding sharding = ddp::Sharding::kNone;
-  try {
-    sharding = ddp::parse_sharding(flags.str("sharding"));
-  } catch (const ddp::UsageError& e) {
-    flags.fail(e.what());
-  }
   ddp::DistributedDataParallelOptions ddp_options;
   try {
-    ddp_options = llama::sharding_options(sharding, flags.str("param-dtype"));
+    ddp_options = llama::sharding_options(flags.str("sharding"), flags.str("param-dtype"), policy);
   } catch (const std::invalid_argument& e) {
     flags.fail(e.what());
   }
-  if (ddp_options.param_dtype() && policy.autocast_dtype() != at::kBFloat16) {
-    flags.fail("--param-dtype bf16 computes the blocks under bf16 autocast: use --precision bf16 or fp8");
-  }
+  const ddp::Sharding sharding = ddp_options.sharding();
   ddp::Float8Scaling float8_scaling{};
   try {
     float8_scaling = llama::float8_scaling_named(flags.str("fp8-scaling"));

@@ -96,7 +96,13 @@ at::Tensor ShardedParameters::parameter_gradient(std::size_t index) const {
   // The fragment walks the parameter's memory in order, and its gradient must
   // walk the gradient's in the same order: autograd lays a gradient out as
   // its (dense) parameter, so only a gradient set by hand can differ.
-  if (grad.strides() != parameter.strides() || !grad.is_non_overlapping_and_dense()) {
+  // Strides of size-1 dimensions say nothing about the order (a 1x1
+  // convolution's channels-last gradient of a contiguous weight).
+  bool same_order = grad.is_non_overlapping_and_dense();
+  for (std::int64_t d = 0; d < grad.dim() && same_order; ++d) {
+    same_order = grad.size(d) == 1 || grad.stride(d) == parameter.stride(d);
+  }
+  if (!same_order) {
     throw UsageError(fmt::format(
         "libddp: a sharded parameter of shape [{}] has a gradient with strides [{}] where the parameter has [{}]; "
         "leave gradients to autograd, or give them the parameter's layout (at::empty_like(parameter))",
