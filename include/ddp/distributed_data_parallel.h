@@ -377,8 +377,10 @@ class DistributedDataParallel {
 /// with Sharding::kFull that shard_units names), with the unit's parameters
 /// gathered: they are all-gathered before (the next unit's gather overlaps
 /// this one's compute), freed after, and gathered again before the unit's
-/// backward. For any other module, or without kFull, it just runs
-/// `function`, so one model serves every mode:
+/// backward. With kOptimizer/kGradients it first waits for the gather of
+/// the unit's updated parameters that the forward started. For any other
+/// module, or without sharding, it just runs `function`, so one model
+/// serves every mode:
 ///
 ///   for (auto& block : blocks) h = ddp::in_unit(*block, [&] { return block->forward(h); });
 ///

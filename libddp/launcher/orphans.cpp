@@ -6,12 +6,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddp::launcher {
@@ -28,18 +31,18 @@ pid_t parent_of(pid_t pid) {
   return static_cast<pid_t>(std::strtol(stat.c_str() + end + 4, nullptr, 10));
 }
 
-std::vector<pid_t> children_of(pid_t parent, pid_t spared) {
-  std::vector<pid_t> children;
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> found;
   DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return children;
+  if (proc == nullptr) return found;
   while (const dirent* entry = ::readdir(proc)) {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0 || pid == spared) continue;
-    if (parent_of(static_cast<pid_t>(pid)) == parent) children.push_back(static_cast<pid_t>(pid));
+    if (*end != '\0' || pid <= 0) continue;
+    if (parent_of(static_cast<pid_t>(pid)) == parent) found.push_back(static_cast<pid_t>(pid));
   }
   ::closedir(proc);
-  return children;
+  return found;
 }
 
 }  // namespace
@@ -50,19 +53,26 @@ void become_subreaper() {
   }
 }
 
-int kill_orphans(pid_t spared) {
+std::vector<pid_t> children() { return children_of(::getpid()); }
+
+int kill_orphans(const std::vector<pid_t>& spared) {
   int killed = 0;
+  // A process stuck in the kernel (a device's teardown, NFS) may take long to
+  // die: ddprun must not hang on it, nor stop answering signals.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   // Killing one may hand its own children to us: look again until none is left.
-  for (int round = 0; round < 100; ++round) {
-    const std::vector<pid_t> orphans = children_of(::getpid(), spared);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::vector<pid_t> orphans;
+    for (pid_t child : children_of(::getpid())) {
+      if (std::find(spared.begin(), spared.end(), child) == spared.end()) orphans.push_back(child);
+    }
     if (orphans.empty()) break;
     for (pid_t orphan : orphans) {
       ::kill(orphan, SIGKILL);
       int status = 0;
-      while (::waitpid(orphan, &status, 0) < 0 && errno == EINTR) {
-      }
-      ++killed;
+      if (::waitpid(orphan, &status, WNOHANG) == orphan) ++killed;
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return killed;
 }

@@ -2,6 +2,8 @@
 
 #include <sys/types.h>
 
+#include <vector>
+
 namespace ddp::launcher {
 
 /// Makes ddprun the reaper of its orphaned descendants: a worker's
@@ -11,9 +13,14 @@ namespace ddp::launcher {
 /// process outlives the job: the group keeper kills groups only.)
 void become_subreaper();
 
-/// Kills and reaps every child of this process except `spared` (the group
-/// keeper): once the workers are reaped, those are descendants they left
-/// behind. Returns how many there were.
-int kill_orphans(pid_t spared);
+/// The children this process has now (those of a shell that exec'd ddprun
+/// included), to be spared by kill_orphans().
+std::vector<pid_t> children();
+
+/// Kills and reaps every child of this process but `spared` (the group
+/// keeper, the children ddprun started with): once the workers are reaped,
+/// those are descendants they left behind. Waits at most a few seconds for
+/// them to die. Returns how many there were.
+int kill_orphans(const std::vector<pid_t>& spared);
 
 }  // namespace ddp::launcher

@@ -241,7 +241,7 @@ void close_logs(Attempt& attempt) {
 /// to ddprun stops the rest (the signal itself, or SIGTERM; SIGKILL after the
 /// grace period, or at once on a second signal).
 void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, const sigset_t& worker_mask,
-                 GroupKeeper& keeper) {
+                 GroupKeeper& keeper, const std::vector<pid_t>& spared) {
   const bool to_console = options.log_dir.empty() || options.tee;
   attempt.workers.resize(static_cast<size_t>(options.nproc_per_node));
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
@@ -272,7 +272,7 @@ void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, 
       // Descendants that left their worker's group (setsid) came to ddprun
       // when their parents died; they may hold the workers' pipes open.
       orphans_killed = true;
-      if (const int orphans = kill_orphans(keeper.pid()); orphans > 0) {
+      if (const int orphans = kill_orphans(spared); orphans > 0) {
         std::fprintf(stderr, "ddprun: killed %d process(es) the workers left behind outside their process groups\n",
                      orphans);
       }
@@ -387,8 +387,11 @@ int supervise(const LaunchOptions& options) {
                  options.nproc_per_node);
   }
 
+  // Children of whoever exec'd ddprun are not the job's to kill.
+  std::vector<pid_t> spared = children();
   // Kills the workers' groups, grandchildren included, should ddprun itself be killed.
   GroupKeeper keeper;
+  spared.push_back(keeper.pid());
   become_subreaper();
   int exit_code = 0;
   int master_port = options.master_port;
@@ -396,7 +399,7 @@ int supervise(const LaunchOptions& options) {
     Attempt attempt;
     attempt.restart_count = restart;
     attempt.master_port = master_port;
-    run_attempt(options, attempt, signal_fd, previous, keeper);
+    run_attempt(options, attempt, signal_fd, previous, keeper, spared);
     print_summary(options, attempt);
     if (attempt.stop_signal != 0) {
       exit_code = 128 + attempt.stop_signal;

@@ -70,8 +70,11 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
   c10::intrusive_ptr<c10d::Store> store;
   try {
 #if DDP_STORE_TAKES_LISTENING_SOCKET
-    // The store's own server would listen on every interface.
-    if (options.isServer && is_loopback_host(env.master_addr)) {
+    // The store's own server would listen on every interface. Only a job
+    // whose ranks all run here: a host name that resolves to 127.0.1.1 on
+    // rank 0's node (Debian's /etc/hosts) is reached by other nodes at its
+    // real address.
+    if (options.isServer && env.world_size == env.local_world_size && is_loopback_host(env.master_addr)) {
       options.masterListenFd = listen_on(env.master_addr, env.master_port);
     }
 #endif

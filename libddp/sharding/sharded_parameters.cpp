@@ -150,18 +150,24 @@ void ShardedParameters::gather(bool defer_units) {
   if (comm_.world_size() == 1) return;
   // The last buckets hold the first layers: gather them first, for the
   // forward that follows.
+  // Collectives run in order on the communicator's stream: the buckets the
+  // forward waits for at its start go first, or waiting for them would wait
+  // for every deferred unit gather queued before them too.
   std::vector<std::shared_ptr<Work>> works;
-  for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
-    if (bucket->transient) continue;
-    const std::int64_t shard = bucket->layout.shard_numel;
-    auto work = comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard));
-    if (defer_units && bucket->in_unit) {
-      bucket->gathering = std::move(work);
-    } else {
-      works.push_back(std::move(work));
+  for (const bool deferred : {false, true}) {
+    for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
+      if (bucket->transient || (defer_units && bucket->in_unit) != deferred) continue;
+      const std::int64_t shard = bucket->layout.shard_numel;
+      auto work = comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard));
+      if (deferred) {
+        bucket->gathering = std::move(work);
+      } else {
+        works.push_back(std::move(work));
+      }
     }
+    for (auto& work : works) work->wait_stream();
+    works.clear();
   }
-  for (auto& work : works) work->wait_stream();
 }
 
 void ShardedParameters::start_gather(std::size_t index) {
@@ -238,6 +244,8 @@ std::int64_t ShardedParameters::fragment_begin(std::size_t index) const {
 }
 
 void ShardedParameters::shards_written() {
+  // A deferred gather of a forward that threw may still write into the shards.
+  for (std::size_t b = 0; b < buckets_.size(); ++b) settle(b);
   gather_pending_ = true;
   for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
 }
@@ -245,6 +253,7 @@ void ShardedParameters::shards_written() {
 void ShardedParameters::gather_whole(const std::function<at::Tensor(std::size_t index)>& part,
                                      const std::function<void(std::size_t index, const at::Tensor& values)>& whole) {
   c10::NoGradGuard no_grad;
+  for (std::size_t b = 0; b < buckets_.size(); ++b) settle(b);  // the fragments alias resident buffers
   for (const Bucket& bucket : buckets_) {
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
     // In the trained dtype, not a narrower gathered one.
