@@ -19,6 +19,10 @@ struct Environment {
   /// TORCHELASTIC_RUN_ID: the job's identity (ddprun makes one per job, or
   /// takes --rdzv-id). Rendezvous refuses a rank of another job. Empty: unset.
   std::string run_id;
+  /// DDP_RDZV_TOKEN: the job's shared secret, which every rank presents to
+  /// rank 0's store before anything else is read. ddprun makes one for a job
+  /// on one node; a job across nodes must have one. Empty: unset.
+  std::string rdzv_token;
 
   /// Reads and validates the process environment. Throws UsageError naming
   /// the variable that is missing, not a number, or out of range.

@@ -18,10 +18,6 @@
 // returned) in 2.4, which is what Float8Linear calls.
 #define DDP_TORCH_HAS_FLOAT8 DDP_TORCH_AT_LEAST(2, 1)
 #define DDP_TORCH_HAS_SCALED_MM DDP_TORCH_AT_LEAST(2, 4)
-// TCPStoreOptions::masterListenFd: the store's server takes a socket the
-// caller bound to one address (LibTorch 2.4's libuv server, its default).
-// 1.13's server always binds every interface.
-#define DDP_STORE_TAKES_LISTENING_SOCKET DDP_TORCH_AT_LEAST(2, 4)
 
 // at::scaled_dot_product_attention (fused causal attention) arrived in LibTorch 2.0.
 #define DDP_TORCH_HAS_SDPA DDP_TORCH_AT_LEAST(2, 0)

@@ -96,6 +96,14 @@ void require_writable_dir(const std::string& dir) {
   }
 }
 
+/// `words` random 32-bit words in hex, from the kernel's generator.
+std::string random_hex(int words) {
+  std::random_device random;
+  std::string hex;
+  for (int i = 0; i < words; ++i) hex += fmt::format("{:08x}", random());
+  return hex;
+}
+
 }  // namespace
 
 std::string usage() {
@@ -131,6 +139,10 @@ options:
                                    fails at once (default: random on one node,
                                    SLURM's job id on several)
   --help                           this text
+
+Every rank presents the job's secret, DDP_RDZV_TOKEN, to the rendezvous store
+before it is let in. On one node ddprun makes a random one unless it is set;
+a job on several nodes needs the same DDP_RDZV_TOKEN exported on every node.
 
 Under SLURM (srun, one ddprun per node) with none of --nnodes, --node-rank,
 --master-addr given, they are taken from SLURM_NNODES, SLURM_NODEID and the
@@ -249,8 +261,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
     // One node: a fresh identity per job. Several: every node's ddprun must
     // name the same one, which only SLURM (or --rdzv-id) can give them.
     if (options.nnodes == 1) {
-      std::random_device random;
-      options.rdzv_id = fmt::format("{:08x}{:08x}", random(), random());
+      options.rdzv_id = random_hex(2);
     } else if (!options.slurm_job_id.empty()) {
       options.rdzv_id = "slurm-" + options.slurm_job_id;
     }
@@ -258,6 +269,16 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
   // SLURM's own node names resolve inside its allocation; a name given here is checked.
   if (!options.standalone && options.slurm_job_id.empty()) require_resolvable(options.master_addr);
   if (!options.log_dir.empty()) require_writable_dir(options.log_dir);
+  if (const char* token = std::getenv("DDP_RDZV_TOKEN"); token != nullptr && *token != '\0') {
+    options.rdzv_token = token;
+  } else if (options.nnodes == 1) {
+    options.rdzv_token = random_hex(4);
+  } else {
+    throw LaunchUsageError(fmt::format(
+        "--nnodes {} needs DDP_RDZV_TOKEN, the secret every rank presents to the rendezvous store: export the "
+        "same value on every node, e.g. DDP_RDZV_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n')",
+        options.nnodes));
+  }
   // Only node 0 serves the rendezvous store; elsewhere the port is remote.
   if (!options.standalone && options.node_rank == 0) require_port_free(options.master_port);
   return options;

@@ -29,6 +29,9 @@ struct LaunchOptions {
   /// Empty: a random one on a single node; on several, SLURM's job id, else
   /// none (every node's ddprun would make a different one).
   std::string rdzv_id;
+  /// The job's secret, DDP_RDZV_TOKEN of every worker: from the environment,
+  /// else a random one on a single node (several nodes must share one).
+  std::string rdzv_token;
   std::string slurm_job_id;  ///< Set when the node options came from SLURM.
   std::chrono::milliseconds grace_period{5000};  ///< SIGTERM to SIGKILL when tearing down.
   std::vector<std::string> command;              ///< Program and its arguments.

@@ -92,6 +92,7 @@ std::vector<std::string> worker_environment(const LaunchOptions& options, const 
   if (options.rdzv_timeout_s > 0) owned.push_back(fmt::format("DDP_RDZV_TIMEOUT={}", options.rdzv_timeout_s));
   if (options.timeout_s > 0) owned.push_back(fmt::format("DDP_TIMEOUT={}", options.timeout_s));
   if (!options.rdzv_id.empty()) owned.push_back("TORCHELASTIC_RUN_ID=" + options.rdzv_id);
+  if (!options.rdzv_token.empty()) owned.push_back("DDP_RDZV_TOKEN=" + options.rdzv_token);
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) owned.push_back("OMP_NUM_THREADS=1");
 
   const auto is_owned = [&](const std::string& name) {

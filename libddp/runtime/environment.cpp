@@ -73,6 +73,7 @@ Environment Environment::parse(const Lookup& lookup) {
   }
   env.master_port = static_cast<std::uint16_t>(integer_in_range("MASTER_PORT", require(lookup, "MASTER_PORT"), 1, 65535));
   env.run_id = lookup("TORCHELASTIC_RUN_ID").value_or("");
+  env.rdzv_token = lookup("DDP_RDZV_TOKEN").value_or("");
   return env;
 }
 

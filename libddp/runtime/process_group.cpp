@@ -3,13 +3,13 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/cuda.h>
 
 #include <ddp/errors.h>
 
 #include "comm/backends.h"
 #include "runtime/rendezvous.h"
+#include "runtime/store_client.h"
 
 namespace ddp {
 
@@ -125,13 +125,10 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   setup.world_size = env.world_size;
   setup.timeout = timeout;
   setup.store = state->store;
-  setup.reconnect = [address = env.master_addr, port = env.master_port]() -> c10::intrusive_ptr<c10d::Store> {
-    c10d::TCPStoreOptions client;
-    client.port = port;
-    client.isServer = false;
-    client.waitWorkers = false;
-    client.timeout = kReportStoreTimeout;
-    return c10::make_intrusive<c10d::TCPStore>(address, client);
+  setup.reconnect = [address = detail::StoreClient::Address{env.master_addr, env.master_port},
+                     credentials = detail::StoreClient::Credentials{env.run_id, env.rdzv_token}] {
+    return c10::intrusive_ptr<c10d::Store>(
+        c10::make_intrusive<detail::StoreClient>(address, credentials, kReportStoreTimeout));
   };
   setup.name = "world";
   state->communicator = make_communicator(backend, setup, env.local_rank);

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ddp/errors.h>
 
-#include "compat/torch_compat.h"
+#include "runtime/store_client.h"
+#include "runtime/store_server.h"
 
 namespace ddp::detail {
 namespace {
@@ -25,29 +25,6 @@ namespace {
 std::string read_string(c10d::Store& store, const std::string& key) {
   const std::vector<uint8_t> bytes = store.get(key);
   return std::string(bytes.begin(), bytes.end());
-}
-
-/// A socket listening on `host`:`port`, for the store's server to take.
-int listen_on(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const int resolved = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-  if (resolved != 0) throw Error(fmt::format("cannot resolve {}: {}", host, ::gai_strerror(resolved)));
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
-  const int fd = ::socket(found->ai_family, found->ai_socktype | SOCK_CLOEXEC, found->ai_protocol);
-  if (fd < 0) throw Error(fmt::format("socket() failed: {}", std::strerror(errno)));
-  // As the TCPStore's own server: a previous job's connections in TIME_WAIT must not block the port.
-  const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  if (::bind(fd, found->ai_addr, found->ai_addrlen) != 0 || ::listen(fd, SOMAXCONN) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw Error(fmt::format("cannot listen on {}:{}: {}", host, port, std::strerror(error)));
-  }
-  return fd;
 }
 
 }  // namespace
@@ -61,51 +38,46 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
         "and MASTER_PORT, that rank 0's host is reachable from here, and that the port is free on rank 0's host.",
         env.rank, env.master_addr, env.master_port, timeout.count(), what, env.world_size));
   };
-  c10d::TCPStoreOptions options;
-  options.port = env.master_port;
-  options.isServer = env.rank == 0;
-  options.numWorkers = static_cast<std::size_t>(env.world_size);
-  options.waitWorkers = false;
-  options.timeout = timeout;
+  const bool one_node = env.world_size == env.local_world_size;
+  if (!one_node && env.rdzv_token.empty()) {
+    throw UsageError(fmt::format(
+        "DDP_RDZV_TOKEN is not set, and this job's {} ranks run on several nodes (LOCAL_WORLD_SIZE={}): anyone who "
+        "can reach {}:{} could join it. Export the same secret on every node before starting it, e.g. "
+        "DDP_RDZV_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n').",
+        env.world_size, env.local_world_size, env.master_addr, env.master_port));
+  }
   c10::intrusive_ptr<c10d::Store> store;
   try {
-#if DDP_STORE_TAKES_LISTENING_SOCKET
-    // The store's own server would listen on every interface. Only a job
-    // whose ranks all run here: a host name that resolves to 127.0.1.1 on
-    // rank 0's node (Debian's /etc/hosts) is reached by other nodes at its
-    // real address.
-    if (options.isServer && env.world_size == env.local_world_size && is_loopback_host(env.master_addr)) {
-      options.masterListenFd = listen_on(env.master_addr, env.master_port);
+    std::shared_ptr<StoreServer> server;
+    if (env.rank == 0) {
+      StoreServer::Options serving;
+      // Only a job whose ranks all run here is served on loopback alone: a
+      // host name that resolves to 127.0.1.1 on rank 0's node (Debian's
+      // /etc/hosts) is reached by other nodes at its real address.
+      if (one_node && is_loopback_host(env.master_addr)) serving.host = env.master_addr;
+      serving.port = env.master_port;
+      serving.run_id = env.run_id;
+      serving.token = env.rdzv_token;
+      server = std::make_shared<StoreServer>(std::move(serving));
     }
-#endif
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    store = c10::make_intrusive<StoreClient>(StoreClient::Address{env.master_addr, env.master_port},
+                                             StoreClient::Credentials{env.run_id, env.rdzv_token}, timeout,
+                                             std::move(server));
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("rank {}: {}", env.rank, e.what()));
   } catch (const std::exception& e) {
     throw fail(e.what());
   }
 
   const std::string world_key = "ddp/rendezvous/world_size";
-  const std::string run_key = "ddp/rendezvous/run_id";
   const std::string count_key = "ddp/rendezvous/joined";
   const std::string done_key = "ddp/rendezvous/complete";
   try {
     if (env.rank == 0) {
-      // The job's identity first: a rank that sees the world size sees it too.
-      store->set(run_key, std::vector<uint8_t>(env.run_id.begin(), env.run_id.end()));
       const std::string world = std::to_string(env.world_size);
       store->set(world_key, std::vector<uint8_t>(world.begin(), world.end()));
     } else {
       store->wait({world_key}, timeout);
-      // Before this rank counts itself in: a rank of another job that reached
-      // this store (two jobs on one MASTER_PORT) must not join it.
-      const std::string run = read_string(*store, run_key);
-      if (run != env.run_id) {
-        const auto shown = [](const std::string& id) { return id.empty() ? std::string("<unset>") : "'" + id + "'"; };
-        throw UsageError(fmt::format(
-            "rank {} of job {} reached the rendezvous store at {}:{}, which serves job {}: two jobs use the same "
-            "MASTER_PORT. Give each job its own port (ddprun --standalone picks a free one) and start every rank "
-            "of a job with the same TORCHELASTIC_RUN_ID (ddprun sets it; --rdzv-id chooses it).",
-            env.rank, shown(env.run_id), env.master_addr, env.master_port, shown(run)));
-      }
       const std::string world = read_string(*store, world_key);
       if (world != std::to_string(env.world_size)) {
         throw UsageError(

@@ -12,12 +12,13 @@ class Store;
 
 namespace ddp::detail {
 
-/// Every rank connects to rank 0's TCP store, then waits until all
-/// WORLD_SIZE ranks of this job (TORCHELASTIC_RUN_ID) have checked in, all
-/// within `timeout`. Where every rank runs on this node and MASTER_ADDR is
-/// a loopback address (ddprun --standalone), rank 0's store listens on that
-/// address only, so that no other machine can reach it (LibTorch >= 2.4;
-/// 1.13's TCPStore binds every interface itself).
+/// Rank 0 serves the job's store (StoreServer); every rank connects to it,
+/// presenting the job's run id (TORCHELASTIC_RUN_ID) and secret
+/// (DDP_RDZV_TOKEN), then waits until all WORLD_SIZE ranks have checked in,
+/// all within `timeout`. Where every rank runs on this node and MASTER_ADDR
+/// is a loopback address (ddprun --standalone), the store listens on that
+/// address only, so that no other machine can reach it; a job across nodes
+/// must have a token.
 c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::milliseconds timeout);
 
 /// Whether `host` resolves to loopback addresses only (127.0.0.0/8, ::1).

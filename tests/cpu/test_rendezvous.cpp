@@ -11,8 +11,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <ddp/environment.h>
+#include <ddp/errors.h>
 
-#include "compat/torch_compat.h"
 #include "launcher/ports.h"
 #include "runtime/rendezvous.h"
 
@@ -57,12 +57,22 @@ TEST(Rendezvous, AStoreOnALoopbackAddressListensOnLoopbackOnly) {
   const auto store = ddp::detail::rendezvous(env, std::chrono::seconds(10));
   const std::vector<std::string> addresses = listening_addresses(env.master_port);
   ASSERT_FALSE(addresses.empty()) << "nothing listens on port " << env.master_port;
-#if DDP_STORE_TAKES_LISTENING_SOCKET
   for (const std::string& address : addresses) EXPECT_EQ(address, "0100007F") << "the store listens on " << address;
-#else
-  GTEST_SKIP() << "LibTorch 1.13's TCPStore binds every interface (" << addresses.front()
-               << "); a store on loopback only needs LibTorch >= 2.4";
-#endif
+}
+
+TEST(Rendezvous, AJobAcrossNodesNeedsAToken) {
+  ddp::Environment env;
+  env.world_size = 2;
+  env.local_world_size = 1;
+  env.master_addr = "127.0.0.1";
+  env.master_port = static_cast<std::uint16_t>(ddp::launcher::free_port());
+  try {
+    ddp::detail::rendezvous(env, std::chrono::seconds(10));
+    ADD_FAILURE() << "a job across nodes met without a secret";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_RDZV_TOKEN is not set"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(listening_addresses(env.master_port).empty()) << "the store was served without a secret";
 }
 
 }  // namespace

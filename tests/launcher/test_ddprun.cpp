@@ -77,10 +77,12 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
        "--master-addr 'bad..host' does not resolve on this host"},
       {{"--standalone", "--log-dir", not_a_folder + "/logs", probe, "env", dir},
        "--log-dir " + not_a_folder + "/logs: cannot create the folder"},
+      {{"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", probe, "env", dir},
+       "--nnodes 2 needs DDP_RDZV_TOKEN"},
   };
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(message);
-    const DdprunResult result = run_ddprun(args, scratch);
+    const DdprunResult result = run_ddprun(args, scratch, {{"DDP_RDZV_TOKEN", std::nullopt}});
     EXPECT_EQ(result.exit_code, 2) << result.output;
     EXPECT_TRUE(contains(result.output, "ddprun: error: " + message)) << result.output;
     EXPECT_TRUE(contains(result.output, "usage: ddprun")) << result.output;
@@ -95,7 +97,7 @@ TEST(Ddprun, TakenPortOnlyMattersOnNodeRank0) {
   const DdprunResult result =
       run_ddprun({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
                   "--master-port", std::to_string(busy.port()), PROBE_PATH, "env", scratch.path()},
-                 scratch);
+                 scratch, {{"DDP_RDZV_TOKEN", "shared-secret"}});
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_EQ(probe_env(scratch, 1).at("MASTER_PORT"), std::to_string(busy.port()));
 }
@@ -134,7 +136,7 @@ TEST(Ddprun, ThreeProcessEnvironment) {
                                          scratch, {{"OMP_NUM_THREADS", std::nullopt}});
   ASSERT_EQ(result.exit_code, 0) << result.output;
   EXPECT_TRUE(contains(result.output, "OMP_NUM_THREADS is unset; setting it to 1")) << result.output;
-  std::string port, run_id;
+  std::string port, run_id, token;
   for (int rank = 0; rank < 3; ++rank) {
     const auto env = probe_env(scratch, rank);
     expect_coordinates(env, {rank, rank, 3, 3, 0, 1, "127.0.0.1"});
@@ -145,9 +147,12 @@ TEST(Ddprun, ThreeProcessEnvironment) {
     EXPECT_EQ(env.at("MASTER_PORT"), port) << "all ranks must meet at one store";
     if (rank == 0) run_id = env.at("TORCHELASTIC_RUN_ID");
     EXPECT_EQ(env.at("TORCHELASTIC_RUN_ID"), run_id) << "one job, one identity";
+    if (rank == 0) token = env.at("DDP_RDZV_TOKEN");
+    EXPECT_EQ(env.at("DDP_RDZV_TOKEN"), token) << "one job, one secret";
   }
   EXPECT_NE(port, "29500") << "--standalone picks a free port";
   EXPECT_EQ(run_id.size(), 16u) << "a random identity per job: " << run_id;
+  EXPECT_EQ(token.size(), 32u) << "a random secret per job: " << token;
 }
 
 TEST(Ddprun, TwoNodesOfTwoProcessesEnvironment) {
@@ -155,10 +160,10 @@ TEST(Ddprun, TwoNodesOfTwoProcessesEnvironment) {
   const std::string port = std::to_string(free_port());
   for (int node = 0; node < 2; ++node) {
     ScratchDir output;
-    const DdprunResult result = run_ddprun({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node",
-                                            "2", "--master-addr", "10.9.8.7", "--master-port", port, PROBE_PATH,
-                                            "env", scratch.path()},
-                                           output, {{"OMP_NUM_THREADS", "4"}});
+    const DdprunResult result =
+        run_ddprun({"--nnodes", "2", "--node-rank", std::to_string(node), "--nproc-per-node", "2", "--master-addr",
+                    "10.9.8.7", "--master-port", port, PROBE_PATH, "env", scratch.path()},
+                   output, {{"OMP_NUM_THREADS", "4"}, {"DDP_RDZV_TOKEN", "shared-secret"}});
     ASSERT_EQ(result.exit_code, 0) << result.output;
   }
   for (int rank = 0; rank < 4; ++rank) {
@@ -166,6 +171,7 @@ TEST(Ddprun, TwoNodesOfTwoProcessesEnvironment) {
     expect_coordinates(env, {rank, rank % 2, 4, 2, rank / 2, 2, "10.9.8.7"});
     EXPECT_EQ(env.at("MASTER_PORT"), port);
     EXPECT_EQ(env.at("OMP_NUM_THREADS"), "4") << "a value the user set is kept";
+    EXPECT_EQ(env.at("DDP_RDZV_TOKEN"), "shared-secret") << "every node presents the secret it was given";
   }
 }
 
@@ -175,7 +181,8 @@ TEST(Ddprun, SlurmVariablesGiveTheNodePlacement) {
   const EnvChanges slurm = {{"SLURM_JOB_ID", "4242"},
                             {"SLURM_NNODES", "2"},
                             {"SLURM_NODEID", "1"},
-                            {"SLURM_JOB_NODELIST", "node[07-08]"}};
+                            {"SLURM_JOB_NODELIST", "node[07-08]"},
+                            {"DDP_RDZV_TOKEN", "shared-secret"}};
   const DdprunResult result =
       run_ddprun({"--nproc-per-node", "2", "--master-port", port, PROBE_PATH, "env", scratch.path()}, scratch, slurm);
   ASSERT_EQ(result.exit_code, 0) << result.output;

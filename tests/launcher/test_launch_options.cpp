@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "launcher/launch_options.h"
 #include "launcher/ports.h"
@@ -16,7 +18,32 @@ LaunchOptions parse(const std::vector<std::string>& args) {
   return parse_launch_options(args, help);
 }
 
+/// Sets an environment variable for one test.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value != nullptr) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedVariable() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
 TEST(LaunchOptions, ParsesNodeAndRestartOptionsInBothSpellings) {
+  const ScopedVariable token("DDP_RDZV_TOKEN", "shared-secret");
   const std::string port = std::to_string(free_port());
   const LaunchOptions options = parse({"--nnodes", "3", "--node_rank=2", "--nproc-per-node", "4", "--master-addr",
                                        "10.0.0.1", "--master-port", port, "--max-restarts=5", "--rdzv-timeout", "90",
@@ -30,6 +57,7 @@ TEST(LaunchOptions, ParsesNodeAndRestartOptionsInBothSpellings) {
   EXPECT_EQ(options.rdzv_timeout_s, 90);
   EXPECT_EQ(options.timeout_s, 30);
   EXPECT_EQ(options.rdzv_id, "train-7");
+  EXPECT_EQ(options.rdzv_token, "shared-secret");
   EXPECT_TRUE(options.log_dir.empty());
   // Everything after the program belongs to the program.
   EXPECT_EQ(options.command, (std::vector<std::string>{"/bin/true", "--nnodes", "7"}));
@@ -119,6 +147,21 @@ TEST(SlurmPlacement, MissingOrInconsistentVariablesAreNamed) {
   auto env = base;
   env["SLURM_NODEID"] = "2";
   EXPECT_THROW(slurm_placement(lookup_in(env)), LaunchUsageError);
+}
+
+TEST(LaunchOptions, AJobOnOneNodeGetsARandomTokenAndOneOnSeveralMustBeGivenOne) {
+  const ScopedVariable unset("DDP_RDZV_TOKEN", nullptr);
+  const std::string first = parse({"--standalone", "/bin/true"}).rdzv_token;
+  EXPECT_EQ(first.size(), 32u) << first;
+  EXPECT_NE(first, parse({"--standalone", "/bin/true"}).rdzv_token) << "one secret per job";
+  try {
+    parse({"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "/bin/true"});
+    ADD_FAILURE() << "a job on two nodes started without a shared secret";
+  } catch (const LaunchUsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--nnodes 2 needs DDP_RDZV_TOKEN"), std::string::npos) << e.what();
+  }
+  const ScopedVariable given("DDP_RDZV_TOKEN", "from-the-user");
+  EXPECT_EQ(parse({"--standalone", "/bin/true"}).rdzv_token, "from-the-user");
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace {
 
 TEST(DdprunTwoNodes, FormOneGlooJobThatAllReducesCorrectly) {
   const std::string port = std::to_string(free_port());
-  const EnvChanges env = {{"DDP_BACKEND", "gloo"}, {"OMP_NUM_THREADS", "1"}};
+  const EnvChanges env = {{"DDP_BACKEND", "gloo"}, {"OMP_NUM_THREADS", "1"}, {"DDP_RDZV_TOKEN", "shared-secret"}};
   ScratchDir node0_out, node1_out;
   const auto node = [&](int rank, const ScratchDir& out) {
     return start_ddprun({"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node", "2",
@@ -31,6 +31,26 @@ TEST(DdprunTwoNodes, FormOneGlooJobThatAllReducesCorrectly) {
                              " of 4: sum 10, expected 10: correct";
     EXPECT_NE(output.find(line), std::string::npos) << output;
   }
+}
+
+// The store of a job across nodes listens on every interface: only the token keeps others out.
+TEST(DdprunTwoNodes, ANodeWithoutTheJobsTokenIsRefusedAtOnce) {
+  const std::string port = std::to_string(free_port());
+  ScratchDir node0_out, node1_out;
+  const auto node = [&](int rank, const ScratchDir& out, const std::string& token) {
+    return start_ddprun({"--nnodes", "2", "--node-rank", std::to_string(rank), "--nproc-per-node", "1", "--master-addr",
+                         "127.0.0.1", "--master-port", port, "--rdzv-timeout", "3", ALLREDUCE_CHECK_PATH},
+                        out, {{"DDP_BACKEND", "gloo"}, {"OMP_NUM_THREADS", "1"}, {"DDP_RDZV_TOKEN", token}});
+  };
+  const DdprunProcess node0 = node(0, node0_out, "the-jobs-secret");
+  const DdprunProcess node1 = node(1, node1_out, "a-guess");
+  const DdprunResult result1 = wait_ddprun(node1, std::chrono::seconds(30));
+  const DdprunResult result0 = wait_ddprun(node0, std::chrono::seconds(30));
+  EXPECT_EQ(result1.exit_code, 1) << result1.output;
+  EXPECT_NE(result1.output.find("refused this rank's DDP_RDZV_TOKEN"), std::string::npos) << result1.output;
+  EXPECT_EQ(result1.output.find("the-jobs-secret"), std::string::npos) << "the secret leaked: " << result1.output;
+  EXPECT_EQ(result0.exit_code, 1) << result0.output;
+  EXPECT_NE(result0.output.find("only 1 of 2 ranks arrived"), std::string::npos) << result0.output;
 }
 
 }  // namespace

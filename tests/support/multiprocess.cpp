@@ -84,6 +84,7 @@ std::vector<RankOutcome> run_ranks(int world_size, const std::function<void(int)
     vars["LOCAL_WORLD_SIZE"] = std::to_string(world_size);
     vars["MASTER_ADDR"] = "127.0.0.1";
     vars["MASTER_PORT"] = std::to_string(port);
+    vars["DDP_RDZV_TOKEN"] = "test-job-secret";  // what ddprun gives every job
     vars["DDP_TEST_CHILD_RANK"] = std::to_string(rank);
     vars["DDP_TEST_RESULT_DIR"] = result_dir.string();
     for (const auto& [name, value] : options.env) vars[name] = value;

@@ -1,0 +1,220 @@
+// The job store: what its clients can do, and what a stranger cannot.
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <ddp/errors.h>
+
+#include "launcher/ports.h"
+#include "runtime/store_client.h"
+#include "runtime/store_server.h"
+#include "runtime/store_wire.h"
+
+namespace ddp::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+
+struct Job {
+  std::uint16_t port = static_cast<std::uint16_t>(launcher::free_port());
+  std::shared_ptr<StoreServer> server =
+      std::make_shared<StoreServer>(StoreServer::Options{"127.0.0.1", port, "job-a", "secret-a"});
+
+  StoreClient::Address address() const { return {"127.0.0.1", port}; }
+  std::unique_ptr<StoreClient> client(std::chrono::milliseconds timeout = 2000ms,
+                                      const std::string& token = "secret-a") const {
+    return std::make_unique<StoreClient>(address(), StoreClient::Credentials{"job-a", token}, timeout);
+  }
+};
+
+/// A raw TCP connection to the store, as a stranger would open one.
+class RawConnection {
+ public:
+  explicit RawConnection(std::uint16_t port) : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(port);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  }
+  ~RawConnection() { ::close(fd_); }
+  bool connected() const { return connected_; }
+  void send(const std::vector<std::uint8_t>& bytes) const {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+  }
+  /// What the server sends until it closes the connection or `at_least`
+  /// bytes came; closed() tells which. Gives up after `patience`.
+  std::vector<std::uint8_t> read(std::size_t at_least = SIZE_MAX, std::chrono::milliseconds patience = 3000ms) {
+    std::vector<std::uint8_t> received;
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    while (received.size() < at_least) {
+      pollfd polled{fd_, POLLIN, 0};
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || ::poll(&polled, 1, static_cast<int>(left.count())) <= 0) break;
+      std::uint8_t chunk[4096];
+      const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) {
+        closed_ = true;
+        break;
+      }
+      received.insert(received.end(), chunk, chunk + n);
+    }
+    return received;
+  }
+  bool closed() const { return closed_; }
+
+ private:
+  int fd_;
+  bool connected_ = false;
+  bool closed_ = false;
+};
+
+std::vector<std::uint8_t> hello(const std::string& run_id, const std::string& token) {
+  return store_wire::Writer()
+      .raw(store_wire::kMagic, sizeof store_wire::kMagic)
+      .u32(store_wire::kVersion)
+      .blob(run_id)
+      .blob(token)
+      .frame();
+}
+
+std::vector<std::uint8_t> get_request(const std::string& key) {
+  return store_wire::Writer().u8(static_cast<std::uint8_t>(store_wire::Op::kGet)).blob(key).frame();
+}
+
+bool contains(const std::vector<std::uint8_t>& haystack, const std::string& needle) {
+  return std::search(haystack.begin(), haystack.end(), needle.begin(), needle.end()) != haystack.end();
+}
+
+TEST(Store, ClientsShareKeysCountersAndWaits) {
+  Job job;
+  auto first = job.client();
+  auto second = job.client();
+  first->set("a", bytes_of("one"));
+  EXPECT_EQ(second->get("a"), bytes_of("one"));
+  EXPECT_EQ(first->add("n", 2), 2);
+  EXPECT_EQ(second->add("n", 3), 5);
+  EXPECT_EQ(first->get("n"), bytes_of("5")) << "counters read as decimal text, as TCPStore's";
+  EXPECT_TRUE(second->check({"a", "n"}));
+  EXPECT_FALSE(second->check({"a", "missing"}));
+  EXPECT_EQ(first->getNumKeys(), 2);
+  EXPECT_EQ(first->compareSet("c", {}, bytes_of("x")), bytes_of("x")) << "a missing key expected missing is set";
+  EXPECT_EQ(second->compareSet("c", bytes_of("y"), bytes_of("z")), bytes_of("x"))
+      << "a wrong expectation changes nothing";
+  EXPECT_EQ(second->compareSet("c", bytes_of("x"), bytes_of("z")), bytes_of("z"));
+  EXPECT_TRUE(first->deleteKey("c"));
+  EXPECT_FALSE(first->deleteKey("c"));
+
+  // get and wait block until another client sets the key.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    second->set("late", bytes_of("here"));
+  });
+  first->wait({"a", "late"});
+  EXPECT_EQ(first->get("late"), bytes_of("here"));
+  setter.join();
+  auto cloned = first->clone();
+  EXPECT_EQ(cloned->get("a"), bytes_of("one")) << "a clone reaches the same store";
+}
+
+TEST(Store, AWaitForAKeyThatNeverComesFailsAtItsDeadlineNamingTheKey) {
+  Job job;
+  auto client = job.client();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    client->wait({"never"}, 300ms);
+    ADD_FAILURE() << "the wait returned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'never'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("within 300 ms"), std::string::npos) << e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(took, 290ms);
+  EXPECT_LT(took, 2000ms);
+  client->set("after", bytes_of("1"));  // the client reconnects after a timed-out request
+  EXPECT_EQ(client->get("after"), bytes_of("1"));
+}
+
+TEST(Store, AClientWithTheWrongTokenOrOfAnotherJobIsRefusedNamingWhy) {
+  Job job;
+  try {
+    job.client(2000ms, "guess");
+    ADD_FAILURE() << "a wrong token was let in";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("refused this rank's DDP_RDZV_TOKEN"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("secret-a"), std::string::npos) << "the secret leaked: " << e.what();
+  }
+  try {
+    StoreClient(job.address(), StoreClient::Credentials{"job-b", "secret-a"}, 2000ms);
+    ADD_FAILURE() << "a client of another job was let in";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the rendezvous store at 127.0.0.1:" + std::to_string(job.port) +
+                                         " serves job 'job-a', not this rank's job 'job-b'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Store, AStrangerIsReadNoFurtherThanItsHelloAndTheJobGoesOn) {
+  Job job;
+  auto client = job.client();
+  client->set("secret-key", bytes_of("secret-value"));
+
+  {  // A request without a hello is taken as a bad hello: no value comes back.
+    RawConnection stranger(job.port);
+    ASSERT_TRUE(stranger.connected());
+    stranger.send(get_request("secret-key"));
+    const auto reply = stranger.read();
+    EXPECT_TRUE(stranger.closed());
+    EXPECT_FALSE(contains(reply, "secret-value"));
+  }
+  {  // The wrong token, then a request: refused and closed; the request is never answered.
+    RawConnection stranger(job.port);
+    std::vector<std::uint8_t> bytes = hello("job-a", "wrong");
+    const auto request = get_request("secret-key");
+    bytes.insert(bytes.end(), request.begin(), request.end());
+    stranger.send(bytes);
+    const auto reply = stranger.read();
+    EXPECT_TRUE(stranger.closed());
+    ASSERT_GE(reply.size(), 5u);
+    EXPECT_EQ(reply[4], static_cast<std::uint8_t>(store_wire::Verdict::kWrongToken));
+    EXPECT_FALSE(contains(reply, "secret-value"));
+  }
+  {  // Garbage announcing a huge frame is dropped at once, not buffered.
+    RawConnection stranger(job.port);
+    stranger.send(std::vector<std::uint8_t>{0xff, 0xff, 0xff, 0x7f, 'G', 'E', 'T'});
+    EXPECT_TRUE(stranger.read().empty());
+    EXPECT_TRUE(stranger.closed());
+  }
+  {  // The right token opens the store: the test can fail.
+    RawConnection member(job.port);
+    std::vector<std::uint8_t> bytes = hello("job-a", "secret-a");
+    const auto request = get_request("secret-key");
+    bytes.insert(bytes.end(), request.begin(), request.end());
+    member.send(bytes);
+    // The verdict (4 + 1 + 4 + 5 bytes), then the value's frame (4 + 4 + 12).
+    const auto reply = member.read(14 + 20);
+    EXPECT_TRUE(contains(reply, "secret-value")) << "the hello of a member opens the store";
+    EXPECT_FALSE(member.closed());
+  }
+  EXPECT_EQ(client->get("secret-key"), bytes_of("secret-value")) << "strangers do not disturb the job";
+}
+
+}  // namespace
+}  // namespace ddp::detail
