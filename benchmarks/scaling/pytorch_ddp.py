@@ -295,6 +295,10 @@ def parse_args():
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="dtype the gradients are all-reduced in; bf16 registers PyTorch's bf16_compress_hook "
                         "(only where there is more than one process), as scaling_bench --reduce-dtype")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the DDP-wrapped model (default mode; DDP's optimizer splits the graph at "
+                        "bucket boundaries so that the all-reduces still overlap backward); compilation happens in "
+                        "the first warm-up step, which is timed apart (compile_s)")
     parser.add_argument("--profile-trace", help="after the timed steps, profile one more and write its Chrome trace here "
                         "(rank 0), as scaling_bench --profile-trace")
     args = parser.parse_args()
@@ -313,6 +317,8 @@ def parse_args():
             parser.error(f"--seq must be in [1, {max_seq_len}] for preset {args.preset}")
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--batch and --steps must be at least 1, --warmup not negative")
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup of at least 1: the first step compiles and is not timed")
     if args.image_size is not None and args.image_size < 32:
         parser.error("--image-size must be at least 32")
     return args
@@ -428,6 +434,8 @@ def run(args, rank, world_size, device):
                     gradient_as_bucket_view=True, bucket_cap_mb=25)
     if args.reduce_dtype == "bf16" and world_size > 1:
         ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    if args.compile:
+        ddp_model = torch.compile(ddp_model)
 
     def step(clock=None, index=0):
         if clock:
@@ -445,8 +453,15 @@ def run(args, rank, world_size, device):
             clock.mark(index, 3)
         return loss.detach()
 
-    for _ in range(args.warmup):
+    # The first step compiles (with --compile): timed on its own, then the
+    # other warm-up steps let the compiled graphs settle.
+    synchronize(device)
+    first_start, first_step_s = time.perf_counter(), None
+    for index in range(args.warmup):
         step()
+        if index == 0:
+            synchronize(device)
+            first_step_s = time.perf_counter() - first_start
     clock = PhaseClock(device, args.steps)
     synchronize(device)
     dist.barrier()
@@ -498,6 +513,7 @@ def run(args, rank, world_size, device):
         "flops_per_item": flops_per_item,
         "tflops_per_gpu": throughput * flops_per_item / world_size / 1e12 if flops_per_item else None,
         "final_loss": loss.item() / world_size,
+        "compile_s": first_step_s if args.compile else None,
     }
 
 
@@ -517,7 +533,7 @@ def main():
                             **({"device_id": device} if device.type == "cuda" else {}))
 
     row = {
-        "impl": "pytorch",
+        "impl": "pytorch-compile" if args.compile else "pytorch",
         "model": args.model,
         "preset": args.preset,
         "precision": args.precision,

@@ -1,4 +1,5 @@
-"""Runs the scaling benchmark, libddp and PyTorch DDP side by side, and writes
+"""Runs the scaling benchmark, libddp and PyTorch DDP (eager and under
+torch.compile) side by side, and writes
 the report: PREFIX.json (every row and the run's details), PREFIX.md (a table
 per model) and PREFIX.svg (throughput and scaling efficiency against GPUs).
 
@@ -6,7 +7,8 @@ per model) and PREFIX.svg (throughput and scaling efficiency against GPUs).
     python3 benchmarks/scaling/run_scaling.py --device cpu --impls pytorch --quick --out /tmp/scaling
 
 For every model, precision and GPU count it runs libddp's scaling_bench under
-ddprun, then pytorch_ddp.py under torch.distributed.run, one after the other so
+ddprun, then pytorch_ddp.py under torch.distributed.run (eager, then with
+--compile), one after the other so
 that both see the same machine state. Each run is a subprocess with a time
 limit; a run that fails or times out becomes a row with "error" (and the tail
 of its output) instead of stopping the others. The environment is passed
@@ -36,7 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 PRECISIONS = {"resnet50": ("tf32", "bf16"), "llama": ("tf32", "bf16", "fp8")}
-IMPLS = ("libddp", "pytorch")
+IMPLS = ("libddp", "pytorch", "pytorch-compile")
+IMPL_TITLES = {"libddp": "libddp", "pytorch": "PyTorch", "pytorch-compile": "compiled"}
 # Per-rank work: the sizes issue #7 asks for, and CPU-sized ones for --quick.
 FULL = {
     "resnet50": {"batch": 128, "image_size": 224},
@@ -61,7 +64,9 @@ def parse_args():
     parser.add_argument("--models", default="resnet50,llama")
     parser.add_argument("--precisions", help="comma-separated, applied to every model that supports them "
                                              "(default: resnet50 tf32,bf16; llama tf32,bf16,fp8)")
-    parser.add_argument("--impls", default="libddp,pytorch")
+    parser.add_argument("--impls", default="libddp,pytorch,pytorch-compile",
+                        help="pytorch: PyTorch DDP in eager mode; pytorch-compile: the same under torch.compile "
+                             "(compilation, a minute or two per run on a GPU, is excluded from the timing)")
     parser.add_argument("--libddp-unfused", action="store_true",
                         help="LLaMA: libddp runs RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch runs "
                              "(scaling_bench --unfused), so that the ratio compares the DDP runtimes alone")
@@ -196,6 +201,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
         bench_args += ["--sharding", args.sharding]
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
                 os.path.join(args.build, "benchmarks", "scaling", "scaling_bench")] + bench_args
+    if impl == "pytorch-compile":
+        bench_args.append("--compile")
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
             os.path.join(HERE, "pytorch_ddp.py")] + bench_args
 
@@ -294,11 +301,11 @@ def derive(rows, peak_tflops):
         if row["impl"] != "libddp" or not measured(row):
             continue
         for other in rows:
-            if other["impl"] == "pytorch" and measured(other) and all(
+            if other["impl"] != "libddp" and measured(other) and all(
                     other[k] == row[k] for k in ("model", "preset", "precision", "gpus")):
                 comparisons.append({key: row[key] for key in ("model", "preset", "precision", "gpus")} | {
-                    "libddp_throughput": row["throughput"], "pytorch_throughput": other["throughput"],
-                    "ratio": row["throughput"] / other["throughput"]})
+                    "against": other["impl"], "libddp_throughput": row["throughput"],
+                    "other_throughput": other["throughput"], "ratio": row["throughput"] / other["throughput"]})
     return comparisons
 
 
@@ -334,7 +341,7 @@ def model_heading(model, config, unit):
 
 def markdown(report, args):
     run = report["run"]
-    lines = [f"# Scaling: libddp vs PyTorch DDP on {run['gpu_name']}", ""]
+    lines = [f"# Scaling: libddp vs PyTorch DDP (eager and torch.compile) on {run['gpu_name']}", ""]
     lines.append(f"Date {run['date_utc']} | commit `{run['commit']}` | {run['gpu_count']} x {run['gpu_name']} | "
                  f"driver {run.get('driver_version') or '—'} | CUDA {run.get('cuda_runtime') or '—'} | "
                  f"PyTorch {run.get('torch_version') or '—'} | NCCL {run.get('nccl_version') or '—'} | "
@@ -374,24 +381,30 @@ def markdown(report, args):
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "
                       "nothing.", ""]
-        header = ["precision", "GPUs", f"libddp {unit}", f"PyTorch {unit}", "libddp / PyTorch", "libddp eff",
-                  "PyTorch eff", "libddp fwd / bwd / comm / opt ms", "PyTorch fwd / bwd / opt ms",
-                  "peak GiB libddp / PyTorch"]
+        others = [impl for impl in IMPLS if impl != "libddp" and impl in args.impls]
+        header = ["precision", "GPUs", f"libddp {unit}"]
+        header += [f"{IMPL_TITLES[impl]} {unit}" for impl in others]
+        header += [f"libddp / {IMPL_TITLES[impl]}" for impl in others]
+        header += [f"{IMPL_TITLES[impl]} eff" for impl in ("libddp", *others)]
+        header += ["libddp fwd / bwd / comm / opt ms"] + [f"{IMPL_TITLES[impl]} fwd / bwd / opt ms" for impl in others]
+        header += ["peak GiB " + " / ".join(IMPL_TITLES[impl] for impl in ("libddp", *others))]
+        if "pytorch-compile" in others:
+            header += ["compile s"]
         if model == "llama":
-            header += ["libddp TFLOP/s (MFU)", "PyTorch TFLOP/s (MFU)"]
+            header += [f"{IMPL_TITLES[impl]} TFLOP/s (MFU)" for impl in ("libddp", *others)]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         keys = sorted({(r["precision"], r["gpus"]) for r in rows},
                       key=lambda k: (["fp32", "tf32", "bf16", "fp8"].index(k[0]), k[1]))
         for precision, gpus in keys:
             cell = {}
-            for impl in IMPLS:
+            for impl in ("libddp", *others):
                 row = next((r for r in rows if r["impl"] == impl and r["precision"] == precision
                             and r["gpus"] == gpus), None)
                 cell[impl] = row
                 if row is not None and not measured(row):
                     notes.append(f"{MODEL_TITLES[model]} {precision}, {gpus} GPU(s), {impl}: "
                                  + (row.get("unavailable") or row["error"].splitlines()[0]))
-            lib, pt = cell["libddp"], cell["pytorch"]
+            lib = cell["libddp"]
 
             def value(row, key, show=fmt):
                 if row is None:
@@ -400,21 +413,26 @@ def markdown(report, args):
                     return "n/a"
                 return show(row.get(key))
 
-            ratio = next((c["ratio"] for c in report["comparisons"] if c["model"] == model
-                          and c["precision"] == precision and c["gpus"] == gpus), None)
-            lib_phases = (" / ".join(fmt(lib.get(k)) for k in ("forward_ms", "backward_ms", "exposed_comm_ms",
-                                                                  "optimizer_ms"))
-                          if lib and measured(lib) else value(lib, "step_ms"))
-            pt_phases = (" / ".join(fmt(pt.get(k)) for k in ("forward_ms", "backward_ms", "optimizer_ms"))
-                         if pt and measured(pt) else value(pt, "step_ms"))
-            memory = f"{value(lib, 'peak_mem_gib')} / {value(pt, 'peak_mem_gib')}"
-            line = [precision, str(gpus), throughput_cell(lib), throughput_cell(pt),
-                    "—" if ratio is None else f"{ratio:.3f}",
-                    value(lib, "scaling_efficiency", percent), value(pt, "scaling_efficiency", percent),
-                    lib_phases, pt_phases, memory]
+            def ratio(impl):
+                found = next((c["ratio"] for c in report["comparisons"] if c["model"] == model
+                              and c["precision"] == precision and c["gpus"] == gpus and c["against"] == impl), None)
+                return "—" if found is None else f"{found:.3f}"
+
+            def phases(row, keys):
+                return " / ".join(fmt(row.get(k)) for k in keys) if row and measured(row) else value(row, "step_ms")
+
+            line = [precision, str(gpus), throughput_cell(lib)]
+            line += [throughput_cell(cell[impl]) for impl in others]
+            line += [ratio(impl) for impl in others]
+            line += [value(cell[impl], "scaling_efficiency", percent) for impl in ("libddp", *others)]
+            line += [phases(lib, ("forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms"))]
+            line += [phases(cell[impl], ("forward_ms", "backward_ms", "optimizer_ms")) for impl in others]
+            line += [" / ".join(value(cell[impl], "peak_mem_gib") for impl in ("libddp", *others))]
+            if "pytorch-compile" in others:
+                line += [value(cell["pytorch-compile"], "compile_s")]
             if model == "llama":
-                line += [value(r, "tflops_per_gpu", lambda v, r=r: f"{fmt(v)} ({percent(r.get('mfu'))})")
-                         for r in (lib, pt)]
+                line += [value(cell[impl], "tflops_per_gpu", lambda v, r=cell[impl]: f"{fmt(v)} ({percent(r.get('mfu'))})")
+                         for impl in ("libddp", *others)]
             lines.append("| " + " | ".join(line) + " |")
     if notes:
         lines += ["", "Not measured:", ""] + [f"- {note}" for note in notes]
@@ -426,6 +444,7 @@ def markdown(report, args):
 # --------------------------------------------------------------------------- SVG
 
 COLORS = {"fp32": "#7f7f7f", "tf32": "#1f77b4", "bf16": "#d62728", "fp8": "#2ca02c"}
+DASHES = {"libddp": "none", "pytorch": "6,4", "pytorch-compile": "2,3"}
 PANEL_W, PANEL_H = 430, 250
 MARGIN = {"left": 72, "right": 18, "top": 34, "bottom": 46}
 
@@ -501,7 +520,7 @@ def svg(report, args):
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
            f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif">',
            f'<rect width="{total_w}" height="{total_h}" fill="white"/>',
-           text(total_w / 2, 20, f"libddp vs PyTorch DDP scaling, {run['gpu_name']}", 16, extra='font-weight="bold"'),
+           text(total_w / 2, 20, f"libddp vs PyTorch DDP (eager, compiled) scaling, {run['gpu_name']}", 16, extra='font-weight="bold"'),
            text(total_w / 2, 36, f"{run['date_utc']}, commit {run['commit'][:12]}, PyTorch {run.get('torch_version')}",
                 11, extra='fill="#555"')]
     if not models:
@@ -516,7 +535,7 @@ def svg(report, args):
         for impl, precision in series_keys:
             mine = sorted((r for r in model_rows if r["impl"] == impl and r["precision"] == precision),
                           key=lambda r: r["gpus"])
-            style = (f"{impl} {precision}", COLORS[precision], "none" if impl == "libddp" else "6,4")
+            style = (f"{impl} {precision}", COLORS[precision], DASHES[impl])
             throughput.append(style + ([(r["gpus"], r["throughput"]) for r in mine],))
             efficiency.append(style + ([(r["gpus"], r["scaling_efficiency"]) for r in mine
                                         if r["scaling_efficiency"] is not None],))
@@ -564,7 +583,7 @@ def main():
             for precision in precisions:
                 for gpus in args.gpus:
                     for impl in args.impls:
-                        if impl == "pytorch" and info.get("torch_version") is None:
+                        if impl.startswith("pytorch") and info.get("torch_version") is None:
                             rows.append({"impl": impl, "model": model, "precision": precision, "gpus": gpus,
                                          "unavailable": "no PyTorch in " + sys.executable})
                             continue
