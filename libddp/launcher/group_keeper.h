@@ -9,6 +9,8 @@ namespace ddp::launcher {
 /// crash): the kernel then closes ddprun's end of their pipe. The workers'
 /// own parent-death signal reaches only each group's leader, so without it
 /// a worker that is a wrapper script (no exec) leaves its children running.
+/// It also kills the descendants of ddprun it saw (it looks every 0.5 s)
+/// outside those groups: a worker's child that called setsid.
 class GroupKeeper {
  public:
   GroupKeeper();

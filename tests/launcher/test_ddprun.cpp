@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "ddprun_runner.h"
 #include "launcher/ports.h"
@@ -301,6 +302,30 @@ TEST(Ddprun, ADescendantThatLeftItsGroupIsKilledWhenTheJobEnds) {
   const std::vector<pid_t> alive = wait_until_dead({escaped}, seconds(5));
   for (pid_t pid : alive) ::kill(pid, SIGKILL);
   EXPECT_EQ(alive, std::vector<pid_t>{}) << "a setsid descendant outlived the job";
+}
+
+// The same descendant when ddprun itself is SIGKILLed: it is in no worker's
+// group, and becomes init's; the group keeper, which saw it, kills it.
+TEST(Ddprun, SigkillOfDdprunLeavesNoDescendantThatLeftItsGroup) {
+  ScratchDir scratch;
+  const std::string pid_file = scratch.path() + "/escaped.pid";
+  const std::string script =
+      "setsid sleep 300 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file + "; sleep 300";
+  const DdprunProcess ddprun =
+      start_ddprun({"--standalone", "--nproc-per-node", "1", "/bin/sh", "-c", script}, scratch);
+  pid_t escaped = 0;
+  for (int tries = 0; tries < 100 && escaped == 0; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::ifstream in(pid_file);
+    in >> escaped;
+  }
+  ASSERT_NE(escaped, 0) << "the worker wrote no pid";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // the keeper looks every 0.5 s
+  ASSERT_EQ(::kill(ddprun.pid, SIGKILL), 0);
+  EXPECT_EQ(wait_ddprun(ddprun, seconds(5)).signal, SIGKILL);
+  const std::vector<pid_t> alive = wait_until_dead({escaped}, seconds(5));
+  for (pid_t pid : alive) ::kill(pid, SIGKILL);
+  EXPECT_EQ(alive, std::vector<pid_t>{}) << "a setsid descendant outlived a SIGKILLed ddprun";
 }
 
 TEST(Ddprun, RestartsUntilTheProgramSucceeds) {
