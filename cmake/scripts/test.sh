@@ -12,11 +12,11 @@ bash cmake/scripts/setup_debian.sh --cuda
 jobs=$(nproc)
 
 echo "== (a) Debian LibTorch 1.13, CPU, Gloo"
-bash cmake/scripts/configure.sh system build/cpu >/dev/null
+bash cmake/scripts/configure.sh system build/cpu -DDDP_WARNINGS_AS_ERRORS=ON >/dev/null
 cmake --build build/cpu -j "$jobs"
 ctest --test-dir build/cpu --output-on-failure -j "$jobs" "$@"
 
 echo "== (b) LibTorch 2.x with CUDA, NCCL"
-bash cmake/scripts/configure.sh python build/cuda >/dev/null
+bash cmake/scripts/configure.sh python build/cuda -DDDP_WARNINGS_AS_ERRORS=ON >/dev/null
 cmake --build build/cuda -j "$jobs"
 ctest --test-dir build/cuda --output-on-failure -j "$jobs" "$@"

@@ -269,11 +269,10 @@ std::shared_ptr<Work> CommunicatorBase::issue(const char* op, std::string detail
 }
 
 std::unique_lock<std::mutex> CommunicatorBase::lock_launches() {
-  std::unique_lock<std::mutex> lock(launch_mutex_, std::try_to_lock);
-  while (!lock.owns_lock()) {
+  std::unique_lock<std::mutex> lock(launch_mutex_, std::defer_lock);
+  while (!lock.try_lock()) {
     end_process_if_launch_stuck();
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    lock.try_lock();
   }
   return lock;
 }

@@ -341,12 +341,11 @@ void Reducer::launch_ready_buckets() {
       ++next_bucket_;
       continue;
     }
-    std::unique_ptr<Communicator> observer;
-    if (config_.timeline) {
-      observer = config_.timeline->observe(comm_, next_bucket_, bucket.buffer.numel() * bucket.buffer.element_size());
-    }
-    bucket.finish =
-        config_.comm_hook(observer ? *observer : comm_, GradBucket{next_bucket_, bucket.buffer, bucket.shard});
+    bucket.observer = config_.timeline ? config_.timeline->observe(comm_, next_bucket_,
+                                                                   bucket.buffer.numel() * bucket.buffer.element_size())
+                                       : nullptr;
+    bucket.finish = config_.comm_hook(bucket.observer ? *bucket.observer : comm_,
+                                      GradBucket{next_bucket_, bucket.buffer, bucket.shard});
     if (frees_buckets()) {
       // The reduction holds the memory until it ends (the communicator
       // protects its tensors); the full gradients are not needed any more.
@@ -384,6 +383,7 @@ void Reducer::finalize_backward() {
   for (auto& bucket : buckets_) {
     bucket.finish();  // orders the caller's stream after the reduction
     bucket.finish = nullptr;
+    bucket.observer.reset();
   }
   if (config_.sharded) {
     std::vector<std::uint8_t> used;

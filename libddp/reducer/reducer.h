@@ -99,6 +99,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     std::size_t pending = 0;              // parameters not ready yet in this backward
     std::vector<std::size_t> to_copy;     // slots whose gradient lives outside the bucket
     std::function<void()> finish;         // what the comm hook left to do
+    /// With a timeline: the communicator the hook was given, kept until its
+    /// finish has run, since a hook's finish may hold and use it.
+    std::unique_ptr<Communicator> observer;
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& plan);

@@ -195,4 +195,45 @@ TEST(DdpNccl, TimelineRecordsEveryBucketReductionAndWritesATrace) {
   }));
 }
 
+// The documented hook shape lets a hook's finish keep and use the
+// communicator it was given. Under the timeline that communicator is an
+// observer, which must live until the finish has run (it was destroyed at
+// the end of the launch loop, leaving the finish a dangling reference).
+TEST(DdpNccl, AHookWhoseFinishUsesItsCommunicatorWorksUnderTheTimeline) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_nccl();
+    const auto late_average = [](ddp::Communicator& comm, const ddp::GradBucket& bucket) {
+      return std::function<void()>([&comm, buffer = bucket.buffer]() mutable {
+        buffer.div_(comm.world_size());
+        comm.all_reduce(buffer)->wait();
+      });
+    };
+    std::vector<at::Tensor> gradients[2];
+    for (int variant = 0; variant < 2; ++variant) {
+      torch::manual_seed(0);
+      auto model = torch::nn::Sequential(torch::nn::Linear(1024, 1024), torch::nn::ReLU(),
+                                         torch::nn::Linear(1024, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 10));
+      model->to(pg->device());
+      auto options = ddp::DistributedDataParallelOptions().bucket_cap_mb(2).first_bucket_cap_mb(1);
+      if (variant == 1) options.record_timeline(true).comm_hook(late_average);
+      ddp::DistributedDataParallel<torch::nn::Sequential> ddp_model(model, pg, options);
+      torch::manual_seed(100 + rank);
+      const auto input = torch::randn({32, 1024}, torch::TensorOptions().device(pg->device()));
+      for (int step = 0; step < 3; ++step) {
+        model->zero_grad();
+        ddp_model(input).square().sum().backward();
+      }
+      for (const auto& p : model->parameters()) gradients[variant].push_back(p.grad().clone());
+      if (variant == 1) {
+        require(ddp_model.bucket_count() > 1,
+                "the test needs several buckets, has " + std::to_string(ddp_model.bucket_count()));
+      }
+    }
+    for (std::size_t i = 0; i < gradients[0].size(); ++i) {
+      require(torch::allclose(gradients[0][i], gradients[1][i], 1e-5, 1e-6),
+              "parameter " + std::to_string(i) + ": the hook's late average differs from DDP's");
+    }
+  }));
+}
+
 }  // namespace
