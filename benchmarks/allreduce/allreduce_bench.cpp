@@ -28,6 +28,7 @@
 #include <ddp/ddp.h>
 
 #include "common/run_info.h"
+#include "flags.h"
 
 namespace {
 
@@ -52,27 +53,26 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
+  examples::Flags flags("allreduce_bench",
+                        "All-reduce bus bandwidth of libddp's NCCL communicator beside raw NCCL, in one run.");
+  flags.add("min-bytes", "1048576", "smallest message, in bytes")
+      .add("max-bytes", "1073741824", "largest message, in bytes (sizes double in between)")
+      .add("dtype", "bf16", "bf16 | fp32")
+      .add("trials", "5", "timed trials per size; the best is reported")
+      .add("json", "", "write the results to this file")
+      .add("markdown", "", "write the table to this file");
+  flags.parse(argc, argv);
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--min-bytes") args.min_bytes = std::stoll(value());
-    else if (flag == "--max-bytes") args.max_bytes = std::stoll(value());
-    else if (flag == "--trials") args.trials = std::stoi(value());
-    else if (flag == "--json") args.json = value();
-    else if (flag == "--markdown") args.markdown = value();
-    else if (flag == "--dtype") {
-      const std::string name = value();
-      if (name == "bf16") args.dtype = torch::kBFloat16;
-      else if (name == "fp32") args.dtype = torch::kFloat;
-      else throw std::runtime_error("--dtype takes bf16 or fp32");
-    } else {
-      throw std::runtime_error("unknown flag " + flag +
-                               " (flags: --min-bytes --max-bytes --dtype bf16|fp32 --trials --json --markdown)");
-    }
+  args.min_bytes = flags.integer("min-bytes");
+  args.max_bytes = flags.integer("max-bytes");
+  args.trials = static_cast<int>(flags.integer("trials"));
+  args.json = flags.str("json");
+  args.markdown = flags.str("markdown");
+  const std::string dtype = flags.str("dtype");
+  if (dtype != "bf16" && dtype != "fp32") flags.fail("--dtype takes bf16 or fp32, not '" + dtype + "'");
+  args.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  if (args.min_bytes < 1 || args.max_bytes < args.min_bytes || args.trials < 1) {
+    flags.fail("need 1 <= --min-bytes <= --max-bytes and --trials >= 1");
   }
   return args;
 }

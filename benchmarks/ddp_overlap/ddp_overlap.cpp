@@ -30,6 +30,7 @@
 #include <ddp/ddp.h>
 
 #include "common/run_info.h"
+#include "flags.h"
 #include "resnet.h"
 
 namespace {
@@ -45,22 +46,27 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
+  examples::Flags flags("ddp_overlap", "How much of DDP's gradient all-reduce hides behind backward, for ResNet-50.");
+  flags.add("batch", "128", "images per GPU")
+      .add("iterations", "20", "timed iterations (medians are reported)")
+      .add("bucket-cap-mb", "25", "DDP's bucket size")
+      .add("timeline", "", "write Chrome traces of DDP's timeline with this path prefix")
+      .add_switch("no-timeline", "measure DDP without the timeline's events")
+      .add_switch("no-communication", "a comm hook that does nothing, to isolate the reducer's own cost")
+      .add("json", "", "write the results to this file")
+      .add("markdown", "", "write the table to this file");
+  flags.parse(argc, argv);
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--no-communication" || flag == "--no-timeline") {
-      (flag == "--no-communication" ? args.communicate : args.record_timeline) = false;
-      continue;
-    }
-    if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--batch") args.batch = std::stoi(value);
-    else if (flag == "--iterations") args.iterations = std::stoi(value);
-    else if (flag == "--bucket-cap-mb") args.bucket_cap_mb = std::stod(value);
-    else if (flag == "--timeline") args.timeline = value;
-    else if (flag == "--json") args.json = value;
-    else if (flag == "--markdown") args.markdown = value;
-    else throw std::runtime_error("unknown flag " + flag + " (flags: --batch --iterations --bucket-cap-mb --timeline --no-timeline --no-communication --json --markdown)");
+  args.batch = static_cast<int>(flags.integer("batch"));
+  args.iterations = static_cast<int>(flags.integer("iterations"));
+  args.bucket_cap_mb = flags.real("bucket-cap-mb");
+  args.timeline = flags.str("timeline");
+  args.record_timeline = !flags.on("no-timeline");
+  args.communicate = !flags.on("no-communication");
+  args.json = flags.str("json");
+  args.markdown = flags.str("markdown");
+  if (args.batch < 1 || args.iterations < 1 || args.bucket_cap_mb <= 0) {
+    flags.fail("--batch and --iterations must be at least 1, --bucket-cap-mb positive");
   }
   return args;
 }

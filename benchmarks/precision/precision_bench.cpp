@@ -25,6 +25,7 @@
 #include <ddp/ddp.h>
 
 #include "common/run_info.h"
+#include "flags.h"
 #if PRECISION_BENCH_WITH_CAST_KERNEL
 #include "precision/float8_cast.h"
 #endif
@@ -41,29 +42,25 @@ struct Args {
 };
 
 Args parse_args(int argc, char** argv) {
+  examples::Flags flags("precision_bench",
+                        "Matmul throughput per precision policy, Float8Linear against bf16 Linear, and the FP8 cast "
+                        "kernel's bandwidth, on one GPU.");
+  flags.add("size", "8192", "side of the square matmuls")
+      .add("tokens", "8192", "tokens of the Float8Linear and cast measurements")
+      .add("iterations", "20", "calls per trial")
+      .add("trials", "5", "trials; the best is reported")
+      .add("json", "", "write the results to this file")
+      .add("markdown", "", "write the table to this file");
+  flags.parse(argc, argv);
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value");
-      return argv[++i];
-    };
-    if (flag == "--size") {
-      args.size = std::stoll(value());
-    } else if (flag == "--tokens") {
-      args.tokens = std::stoll(value());
-    } else if (flag == "--iterations") {
-      args.iterations = std::stoi(value());
-    } else if (flag == "--trials") {
-      args.trials = std::stoi(value());
-    } else if (flag == "--json") {
-      args.json = value();
-    } else if (flag == "--markdown") {
-      args.markdown = value();
-    } else {
-      throw std::runtime_error("unknown flag " + flag +
-                               " (flags: --size --tokens --iterations --trials --json --markdown)");
-    }
+  args.size = flags.integer("size");
+  args.tokens = flags.integer("tokens");
+  args.iterations = static_cast<int>(flags.integer("iterations"));
+  args.trials = static_cast<int>(flags.integer("trials"));
+  args.json = flags.str("json");
+  args.markdown = flags.str("markdown");
+  if (args.size < 16 || args.tokens < 16 || args.iterations < 1 || args.trials < 1) {
+    flags.fail("--size and --tokens must be at least 16, --iterations and --trials at least 1");
   }
   return args;
 }
