@@ -9,6 +9,7 @@
 #include <ddp/errors.h>
 #include <ddp/float8.h>
 #include <ddp/grad_scaler.h>
+#include <ddp/iteration_timing.h>
 #include <ddp/optim.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>

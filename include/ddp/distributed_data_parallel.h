@@ -13,6 +13,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <ddp/comm_hooks.h>
+#include <ddp/iteration_timing.h>
 #include <ddp/process_group.h>
 #include <ddp/sharding.h>
 
@@ -80,13 +81,6 @@ struct DistributedDataParallelOptions {
   /// (comm_hooks::average_in(at::kFloat)). Parameters outside units keep
   /// their dtype. Unset: the parameters' own.
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
-};
-
-/// Device times of one reduced backward pass, from the end of forward.
-struct IterationTiming {
-  double backward_ms = 0;                ///< Until the last backward kernel ends.
-  double communication_ms = 0;           ///< Time the bucket reductions ran.
-  double exposed_communication_ms = 0;   ///< Reductions still running after the last backward kernel.
 };
 
 namespace detail {

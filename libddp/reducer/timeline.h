@@ -8,7 +8,7 @@
 #include <vector>
 
 #include <ddp/communicator.h>
-#include <ddp/distributed_data_parallel.h>
+#include <ddp/iteration_timing.h>
 
 namespace ddp::detail {
 
