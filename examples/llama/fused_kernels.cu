@@ -10,13 +10,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include "comm/cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "cuda/warp_reduce.cuh"
 #include "precision/float8_tile.cuh"
 
 namespace llama::kernels {
 namespace {
 
-using ddp::detail::check_cuda;
 using ddp::detail::float8_tiles::to_float;
 
 constexpr int kThreads = 256;
@@ -41,7 +41,7 @@ struct alignas(sizeof(T) * N) Pack {
 /// of the block must call it; blockDim.x a multiple of 32, at most kThreads.
 __device__ float block_sum(float value) {
   __shared__ float warp_sums[kThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  value = ddp::detail::warp_sum(value);
   __syncthreads();  // a previous call's readers are done with warp_sums
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
   __syncthreads();
@@ -279,7 +279,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at
       launch<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
           static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(), static_cast<Out*>(y.data_ptr()),
           rstd.data_ptr<float>(), cols, static_cast<float>(eps));
-      check_cuda(cudaGetLastError(), "rms_norm_forward_kernel<<<...>>>");
+      DDP_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
     });
   });
   return {y, rstd};
@@ -316,7 +316,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, co
                                               static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(),
                                               rstd.data_ptr<float>(), static_cast<In*>(grad_x.data_ptr()),
                                               weight_partials.data_ptr<float>(), rows, cols);
-      check_cuda(cudaGetLastError(), "rms_norm_backward_kernel<<<...>>>");
+      DDP_CUDA_CHECK_LAUNCH("rms_norm_backward_kernel");
     });
   });
   return {grad_x, weight_partials.sum(0)};
@@ -350,7 +350,7 @@ at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Te
         static_cast<const T*>(x.data_ptr()), cos.data_ptr<float>(), sin.data_ptr<float>(),
         static_cast<T*>(y.data_ptr()), static_cast<int>(x.size(1)), static_cast<int>(pairs_per_head),
         static_cast<int>(pairs_per_token), inverse ? -1.0f : 1.0f);
-    check_cuda(cudaGetLastError(), "rotate_pairs_kernel<<<...>>>");
+    DDP_CUDA_CHECK_LAUNCH("rotate_pairs_kernel");
   });
   return y;
 }
@@ -376,7 +376,7 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
     launch<<<grid_for(packs), kThreads, 0, stream>>>(static_cast<const T*>(gate.data_ptr()),
                                                      static_cast<const T*>(up.data_ptr()),
                                                      static_cast<T*>(y.data_ptr()), packs);
-    check_cuda(cudaGetLastError(), "swiglu_forward_kernel<<<...>>>");
+    DDP_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
   });
   return y;
 }
@@ -407,7 +407,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, cons
         static_cast<const T*>(grad_y.data_ptr()), static_cast<const T*>(gate.data_ptr()),
         static_cast<const T*>(up.data_ptr()), static_cast<T*>(grad_gate.data_ptr()),
         static_cast<T*>(grad_up.data_ptr()), packs);
-    check_cuda(cudaGetLastError(), "swiglu_backward_kernel<<<...>>>");
+    DDP_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
   });
   return {grad_gate, grad_up};
 }

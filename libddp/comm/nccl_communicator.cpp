@@ -32,8 +32,9 @@
 #include <ddp/errors.h>
 
 #include "comm/backends.h"
-#include "comm/cuda_check.h"
+#include "comm/nccl_check.h"
 #include "compat/torch_compat.h"
+#include "cuda/cuda_check.h"
 
 namespace ddp::detail {
 namespace {

@@ -7,7 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "comm/cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "cuda/warp_reduce.cuh"
 #include "precision/float8_tile.cuh"
 
 namespace ddp::detail {
@@ -71,10 +72,7 @@ __global__ void __launch_bounds__(kHistoryThreads)
       max_bits = max(max_bits, abs_bits(value));
     }
   }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    max_bits = max(max_bits, __shfl_xor_sync(0xffffffffu, max_bits, offset));
-  }
+  max_bits = detail::warp_max(max_bits);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -121,7 +119,7 @@ void update_amax_histories(const std::vector<AmaxHistoryUpdate>& updates, const 
     }
     update_amax_histories_kernel<<<static_cast<unsigned>(blocks), kHistoryThreads, 0, stream>>>(
         batch, entered.defined() ? entered.data_ptr<float>() + start : nullptr);
-    check_cuda(cudaGetLastError(), "update_amax_histories_kernel<<<...>>>");
+    DDP_CUDA_CHECK_LAUNCH("update_amax_histories_kernel");
   }
 }
 

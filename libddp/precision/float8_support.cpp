@@ -9,7 +9,7 @@
 #ifdef DDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "comm/cuda_check.h"
+#include "cuda/cuda_check.h"
 #endif
 
 namespace ddp::detail {

@@ -23,7 +23,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
-#include "comm/cuda_check.h"
+#include "cuda/cuda_check.h"
+#include "cuda/warp_reduce.cuh"
 #include "precision/float8_cast.h"
 
 namespace ddp::detail::float8_tiles {
@@ -248,10 +249,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kAmax) {
 #pragma unroll
     for (int o = 0; o < kOutputs; ++o) {
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) {
-        max_bits[o] = max(max_bits[o], __shfl_xor_sync(0xffffffffu, max_bits[o], offset));
-      }
+      max_bits[o] = detail::warp_max(max_bits[o]);
       if (threadIdx.x % 32 == 0) warp_amax[o][threadIdx.x / 32] = max_bits[o];
     }
     __syncthreads();
@@ -284,7 +282,7 @@ void launch_with_format(const TileArgs<kInputs, kOutputs>& args, const Compute& 
     float8_tile_kernel<T, kInputs, kOutputs, Compute, kFormat, false, false>
         <<<grid, kThreads, 0, stream>>>(args, compute);
   }
-  check_cuda(cudaGetLastError(), "float8_tile_kernel<<<...>>>");
+  DDP_CUDA_CHECK_LAUNCH("float8_tile_kernel");
 }
 
 inline bool aligned(const void* pointer, std::uintptr_t bytes) {

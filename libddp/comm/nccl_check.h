@@ -1,21 +1,14 @@
 #pragma once
 
-// Every CUDA and NCCL return code is checked; a failure names the call.
+// Every NCCL return code is checked; a failure names the call and NCCL's own
+// last error.
 
 #include <stdexcept>
 #include <string>
 
-#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 namespace ddp::detail {
-
-inline void check_cuda(cudaError_t result, const char* call) {
-  if (result != cudaSuccess) {
-    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(result) + ": " +
-                             cudaGetErrorString(result));
-  }
-}
 
 /// ncclInProgress is not a failure: non-blocking communicators return it
 /// while an operation is still being set up.
@@ -30,5 +23,4 @@ inline void check_nccl(ncclResult_t result, const char* call, ncclComm_t comm) {
 
 }  // namespace ddp::detail
 
-#define DDP_CUDA_CHECK(call) ::ddp::detail::check_cuda((call), #call)
 #define DDP_NCCL_CHECK(call, comm) ::ddp::detail::check_nccl((call), #call, (comm))
