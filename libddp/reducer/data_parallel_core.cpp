@@ -1,5 +1,6 @@
 #include <ddp/distributed_data_parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <unordered_set>
@@ -23,6 +24,7 @@
 #include "reducer/buffer_sync.h"
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
+#include "reducer/sparse_gradients.h"
 #include "reducer/timeline.h"
 #include "sharding/shard_units.h"
 #include "sharding/sharded_parameters.h"
@@ -151,6 +153,35 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
         "modes: set .sharding(ddp::Sharding::kFull) (or kOptimizer/kGradients, where units only "
         "pace the parameter gathers) or drop shard_units");
   }
+  trained_ = trained;
+  trained_names_ = names;
+  // Sparse gradients stay out of the dense buckets (and cannot be sharded).
+  const std::vector<at::Tensor> sparse = SparseGradients::find(*module_);
+  if (!sparse.empty()) {
+    std::vector<at::Tensor> dense, sparse_params;
+    std::vector<std::string> dense_names, sparse_names;
+    for (std::size_t i = 0; i < trained.size(); ++i) {
+      const bool is_sparse = std::any_of(sparse.begin(), sparse.end(), [&](const at::Tensor& s) {
+        return s.unsafeGetTensorImpl() == trained[i].unsafeGetTensorImpl();
+      });
+      (is_sparse ? sparse_params : dense).push_back(trained[i]);
+      (is_sparse ? sparse_names : dense_names).push_back(names[i]);
+    }
+    if (options.sharding() != Sharding::kNone) {
+      throw UsageError(fmt::format(
+          "libddp: '{}' has sparse gradients (an embedding with sparse(true)), which sharding mode {} cannot shard; "
+          "build the embedding with sparse(false) or use Sharding::kNone",
+          sparse_names.front(), to_string(options.sharding())));
+    }
+    if (dense.empty()) {
+      throw UsageError(
+          "libddp: every trained parameter has sparse gradients; DistributedDataParallel needs at "
+          "least one with a dense gradient, whose reduction marks the end of backward");
+    }
+    config.sparse = std::make_shared<SparseGradients>(std::move(sparse_params), std::move(sparse_names), comm);
+    trained = std::move(dense);
+    names = std::move(dense_names);
+  }
   const at::ScalarType param_dtype = checked_param_dtype(options, trained, names);
   std::vector<std::vector<std::size_t>> plan;
   ShardUnits units;
@@ -185,8 +216,6 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
     // Backward gathers and frees units only in kFull; resident units have nothing to do there.
     if (full) config.units = units_;
   }
-  trained_ = trained;
-  trained_names_ = names;
   reducer_ = std::make_shared<Reducer>(std::move(trained), std::move(names), plan, comm, std::move(config));
   reducer_->install_hooks();
 }

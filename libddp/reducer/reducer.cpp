@@ -15,6 +15,7 @@
 #include "reducer/bucket_assignment.h"
 #include "reducer/row_major.h"
 #include "reducer/timeline.h"
+#include "reducer/sparse_gradients.h"
 #include "sharding/sharded_parameters.h"
 #include "sharding/unit_schedule.h"
 
@@ -400,6 +401,7 @@ void Reducer::finalize_backward() {
   } else if (config_.reduce && config_.find_unused_parameters) {
     adopt_globally_used_gradients(globally_used());
   }
+  if (config_.reduce && config_.sparse) config_.sparse->average();
   if (config_.reduce && !config_.sharded && !config_.gradient_as_bucket_view) {
     c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {

@@ -19,6 +19,7 @@
 namespace ddp::detail {
 
 class ShardedParameters;
+class SparseGradients;
 class Timeline;
 class UnitSchedule;
 
@@ -62,6 +63,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     /// hooks, and the reductions of buckets with unused parameters, issued
     /// at the end, must come in one order on every rank.
     std::shared_ptr<UnitSchedule> units;
+    /// Parameters with sparse gradients, kept out of the buckets: averaged
+    /// at the end of each reduced backward.
+    std::shared_ptr<SparseGradients> sparse;
   };
 
   /// `plan`: the first buckets, indices into `parameters` (initial_buckets()).
