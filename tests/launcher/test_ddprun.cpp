@@ -284,14 +284,19 @@ TEST(Ddprun, SigkillOfDdprunLeavesNoGrandchildren) {
   EXPECT_EQ(wait_until_dead(pids, seconds(5)), std::vector<pid_t>{}) << "a wrapper's children outlived ddprun";
 }
 
+/// A worker script that starts a child in a session of its own (setsid),
+/// writes the child's pid to `pid_file`, then runs `then`.
+std::string escaping_worker(const std::string& pid_file, const std::string& then) {
+  return "setsid sleep 300 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file + "; " + then;
+}
+
 // A worker's descendant that leaves its process group (setsid, a daemon)
 // and holds the worker's output open: ddprun, its subreaper, kills it when
 // the job ends instead of waiting for it or leaving it to init.
 TEST(Ddprun, ADescendantThatLeftItsGroupIsKilledWhenTheJobEnds) {
   ScratchDir scratch;
   const std::string pid_file = scratch.path() + "/escaped.pid";
-  const std::string script =
-      "setsid sleep 300 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file + "; exit 3";
+  const std::string script = escaping_worker(pid_file, "exit 3");
   const DdprunResult result =
       run_ddprun({"--standalone", "--nproc-per-node", "1", "/bin/sh", "-c", script}, scratch, {}, seconds(20));
   EXPECT_EQ(result.exit_code, 1) << result.output;
@@ -309,8 +314,7 @@ TEST(Ddprun, ADescendantThatLeftItsGroupIsKilledWhenTheJobEnds) {
 TEST(Ddprun, SigkillOfDdprunLeavesNoDescendantThatLeftItsGroup) {
   ScratchDir scratch;
   const std::string pid_file = scratch.path() + "/escaped.pid";
-  const std::string script =
-      "setsid sleep 300 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file + "; sleep 300";
+  const std::string script = escaping_worker(pid_file, "sleep 300");
   const DdprunProcess ddprun =
       start_ddprun({"--standalone", "--nproc-per-node", "1", "/bin/sh", "-c", script}, scratch);
   pid_t escaped = 0;
