@@ -36,27 +36,25 @@ using store_wire::Writer;
 /// strangers cannot use up the server's descriptors.
 constexpr std::chrono::seconds kHelloDeadline{10};
 
-/// A socket listening on `host` (empty: every interface, IPv6 and IPv4) at `port`.
-int listen_on(const std::string& host, std::uint16_t port) {
+/// A socket listening on one of `host`'s addresses of `family` at `port`,
+/// or -1 with `error` set.
+int try_listen(const char* host, int family, std::uint16_t port, std::string& error) {
   addrinfo hints{};
-  hints.ai_family = host.empty() ? AF_INET6 : AF_UNSPEC;
+  hints.ai_family = family;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  const std::string service = std::to_string(port);
   addrinfo* found = nullptr;
-  int resolved = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
-  if (resolved != 0 && host.empty()) {  // no IPv6 on this host
-    hints.ai_family = AF_INET;
-    resolved = ::getaddrinfo(nullptr, service.c_str(), &hints, &found);
+  const int resolved = ::getaddrinfo(host, std::to_string(port).c_str(), &hints, &found);
+  if (resolved != 0) {
+    error = ::gai_strerror(resolved);
+    return -1;
   }
-  if (resolved != 0) throw Error(fmt::format("cannot resolve {}: {}", host, ::gai_strerror(resolved)));
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(found, &::freeaddrinfo);
-  int error = 0;
   for (const addrinfo* address = found; address != nullptr; address = address->ai_next) {
     const int fd =
         ::socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address->ai_protocol);
     if (fd < 0) {
-      error = errno;
+      error = std::strerror(errno);
       continue;
     }
     // A previous job's connections in TIME_WAIT must not block the port.
@@ -65,10 +63,26 @@ int listen_on(const std::string& host, std::uint16_t port) {
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
     if (address->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
     if (::bind(fd, address->ai_addr, address->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) return fd;
-    error = errno;
+    error = std::strerror(errno);
     ::close(fd);
   }
-  throw Error(fmt::format("cannot listen on {}:{}: {}", host.empty() ? "*" : host, port, std::strerror(error)));
+  return -1;
+}
+
+/// A socket listening on `host` at `port`. Empty `host`: every interface,
+/// through one dual-stack IPv6 socket, or IPv4 alone where the host (a
+/// container, say) has no IPv6.
+int listen_on(const std::string& host, std::uint16_t port) {
+  std::string error;
+  int fd = -1;
+  if (host.empty()) {
+    fd = try_listen(nullptr, AF_INET6, port, error);
+    if (fd < 0) fd = try_listen(nullptr, AF_INET, port, error);
+  } else {
+    fd = try_listen(host.c_str(), AF_UNSPEC, port, error);
+  }
+  if (fd < 0) throw Error(fmt::format("cannot listen on {}:{}: {}", host.empty() ? "*" : host, port, error));
+  return fd;
 }
 
 /// Compares in time independent of where the strings differ.
