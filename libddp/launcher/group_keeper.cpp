@@ -1,4 +1,5 @@
 #include "launcher/group_keeper.h"
+#include "launcher/proc_table.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -9,10 +10,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,46 +22,18 @@ std::runtime_error system_error(const std::string& call) {
   return std::runtime_error("ddprun: " + call + " failed: " + std::strerror(errno));
 }
 
-/// A process as /proc shows it: its parent, and its start time (which
-/// tells a process from a later one that reuses its pid).
-struct ProcessEntry {
-  pid_t parent = 0;
-  unsigned long long start = 0;
-};
-
-/// Reads /proc/PID/stat; false when the process is gone.
-bool read_entry(pid_t pid, ProcessEntry& entry) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  if (!std::getline(in, text)) return false;
-  // The command name (field 2) is in parentheses and may hold anything; the fields after its last ')' are plain.
-  std::istringstream fields(text.substr(text.rfind(')') + 2));
-  std::string skip;
-  fields >> skip >> entry.parent;  // fields 3 (state) and 4 (ppid)
-  for (int field = 5; field < 22; ++field) fields >> skip;
-  fields >> entry.start;  // field 22
-  return static_cast<bool>(fields);
-}
-
 /// Adds every living descendant of `root` to `known` (pid -> start time).
 void record_descendants(pid_t root, std::map<pid_t, unsigned long long>& known) {
-  std::multimap<pid_t, std::pair<pid_t, unsigned long long>> children;
-  std::error_code error;
-  for (const auto& item : std::filesystem::directory_iterator("/proc", error)) {
-    const std::string name = item.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    ProcessEntry entry;
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (read_entry(pid, entry)) children.emplace(entry.parent, std::make_pair(pid, entry.start));
-  }
+  std::multimap<pid_t, ProcessEntry> children;
+  for (const ProcessEntry& process : all_processes()) children.emplace(process.parent, process);
   std::vector<pid_t> frontier{root};
   while (!frontier.empty()) {
     const pid_t parent = frontier.back();
     frontier.pop_back();
     const auto [begin, end] = children.equal_range(parent);
     for (auto it = begin; it != end; ++it) {
-      known[it->second.first] = it->second.second;
-      frontier.push_back(it->second.first);
+      known[it->second.pid] = it->second.start;
+      frontier.push_back(it->second.pid);
     }
   }
 }
@@ -79,10 +49,7 @@ void record_descendants(pid_t root, std::map<pid_t, unsigned long long>& known) 
   for (;;) {
     pollfd polled{fd, POLLIN, 0};
     if (::poll(&polled, 1, 500) == 0) {
-      try {
-        record_descendants(ddprun, descendants);
-      } catch (const std::exception&) {  // /proc changed under the walk: the next look sees it
-      }
+      record_descendants(ddprun, descendants);
       continue;
     }
     std::int32_t group = 0;
@@ -95,8 +62,8 @@ void record_descendants(pid_t root, std::map<pid_t, unsigned long long>& known) 
     }
     for (pid_t held : groups) ::kill(-held, SIGKILL);
     for (const auto& [pid, start] : descendants) {
-      ProcessEntry entry;
-      if (pid != ::getpid() && read_entry(pid, entry) && entry.start == start) ::kill(pid, SIGKILL);
+      const auto process = read_process(pid);
+      if (pid != ::getpid() && process && process->start == start) ::kill(pid, SIGKILL);
     }
     ::_exit(0);
   }

@@ -1,6 +1,6 @@
 #include "launcher/orphans.h"
+#include "launcher/proc_table.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -9,9 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -20,28 +18,11 @@
 namespace ddp::launcher {
 namespace {
 
-/// The parent of process `pid`, from /proc/PID/stat; -1 if it is gone.
-pid_t parent_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(in, stat)) return -1;
-  // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses, the last ')' ends it.
-  const auto end = stat.rfind(')');
-  if (end == std::string::npos || end + 4 >= stat.size()) return -1;
-  return static_cast<pid_t>(std::strtol(stat.c_str() + end + 4, nullptr, 10));
-}
-
 std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> found;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return found;
-  while (const dirent* entry = ::readdir(proc)) {
-    char* end = nullptr;
-    const long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    if (parent_of(static_cast<pid_t>(pid)) == parent) found.push_back(static_cast<pid_t>(pid));
+  for (const ProcessEntry& process : all_processes()) {
+    if (process.parent == parent) found.push_back(process.pid);
   }
-  ::closedir(proc);
   return found;
 }
 

@@ -9,8 +9,8 @@ namespace ddp::launcher {
 /// Makes ddprun the reaper of its orphaned descendants: a worker's
 /// descendant that left the worker's process group (setsid, a daemon) is
 /// handed to ddprun when its parent dies, instead of to init, so that
-/// kill_orphans() can find it. (Should ddprun itself be SIGKILLed, such a
-/// process outlives the job: the group keeper kills groups only.)
+/// kill_orphans() can find it. (Should ddprun itself be SIGKILLed, the
+/// group keeper kills such processes.)
 void become_subreaper();
 
 /// The children this process has now (those of a shell that exec'd ddprun

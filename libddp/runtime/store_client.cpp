@@ -168,13 +168,7 @@ void StoreClient::connect(std::chrono::milliseconds timeout) {
   }
   std::vector<std::uint8_t> verdict_payload;
   try {
-    const auto hello = Writer()
-                           .raw(store_wire::kMagic, sizeof store_wire::kMagic)
-                           .u32(store_wire::kVersion)
-                           .blob(credentials_.run_id)
-                           .blob(credentials_.token)
-                           .frame();
-    send_all(fd_, hello, deadline);
+    send_all(fd_, store_wire::hello_frame(credentials_.run_id, credentials_.token), deadline);
     verdict_payload = receive_frame(fd_, deadline);
   } catch (const std::exception& e) {
     disconnect();

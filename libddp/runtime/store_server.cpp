@@ -218,7 +218,8 @@ struct StoreServer::State {
     Writer reply;
     bool changed = false;
     bool replies = true;
-    switch (static_cast<Op>(reader.u8())) {
+    const auto op = static_cast<Op>(reader.u8());
+    switch (op) {
       case Op::kSet: {
         std::string key = reader.string();
         data[std::move(key)] = reader.bytes();
@@ -246,11 +247,10 @@ struct StoreServer::State {
       }
       case Op::kCheck:
       case Op::kWait: {
-        const bool waits = payload[0] == static_cast<std::uint8_t>(Op::kWait);
         bool all = true;
         for (std::uint32_t n = reader.u32(); n > 0; --n) all = all && data.count(reader.string()) > 0;
-        if (waits && !all) return false;
-        if (!waits) reply.u8(all ? 1 : 0);
+        if (op == Op::kWait && !all) return false;
+        if (op == Op::kCheck) reply.u8(all ? 1 : 0);
         break;
       }
       case Op::kDelete: reply.u8(data.erase(reader.string()) > 0 ? 1 : 0); break;

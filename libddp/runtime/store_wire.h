@@ -126,6 +126,11 @@ class Reader {
   std::size_t left_;
 };
 
+/// A client's first frame: who it is and the secret it presents.
+inline std::vector<std::uint8_t> hello_frame(const std::string& run_id, const std::string& token) {
+  return Writer().raw(kMagic, sizeof kMagic).u32(kVersion).blob(run_id).blob(token).frame();
+}
+
 /// The length a frame's first four bytes announce.
 inline std::uint32_t frame_length(const std::uint8_t* header) { return Reader(header, 4).u32(); }
 

@@ -85,15 +85,6 @@ class RawConnection {
   bool closed_ = false;
 };
 
-std::vector<std::uint8_t> hello(const std::string& run_id, const std::string& token) {
-  return store_wire::Writer()
-      .raw(store_wire::kMagic, sizeof store_wire::kMagic)
-      .u32(store_wire::kVersion)
-      .blob(run_id)
-      .blob(token)
-      .frame();
-}
-
 std::vector<std::uint8_t> get_request(const std::string& key) {
   return store_wire::Writer().u8(static_cast<std::uint8_t>(store_wire::Op::kGet)).blob(key).frame();
 }
@@ -186,7 +177,7 @@ TEST(Store, AStrangerIsReadNoFurtherThanItsHelloAndTheJobGoesOn) {
   }
   {  // The wrong token, then a request: refused and closed; the request is never answered.
     RawConnection stranger(job.port);
-    std::vector<std::uint8_t> bytes = hello("job-a", "wrong");
+    std::vector<std::uint8_t> bytes = store_wire::hello_frame("job-a", "wrong");
     const auto request = get_request("secret-key");
     bytes.insert(bytes.end(), request.begin(), request.end());
     stranger.send(bytes);
@@ -204,7 +195,7 @@ TEST(Store, AStrangerIsReadNoFurtherThanItsHelloAndTheJobGoesOn) {
   }
   {  // The right token opens the store: the test can fail.
     RawConnection member(job.port);
-    std::vector<std::uint8_t> bytes = hello("job-a", "secret-a");
+    std::vector<std::uint8_t> bytes = store_wire::hello_frame("job-a", "secret-a");
     const auto request = get_request("secret-key");
     bytes.insert(bytes.end(), request.begin(), request.end());
     member.send(bytes);

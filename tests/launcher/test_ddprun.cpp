@@ -285,9 +285,17 @@ TEST(Ddprun, SigkillOfDdprunLeavesNoGrandchildren) {
 }
 
 /// A worker script that starts a child in a session of its own (setsid),
-/// writes the child's pid to `pid_file`, then runs `then`.
-std::string escaping_worker(const std::string& pid_file, const std::string& then) {
-  return "setsid sleep 300 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file + "; " + then;
+/// leaves the child's pid in `dir` for wait_for_pid_files, then runs `then`.
+std::string escaping_worker(const std::string& dir, const std::string& then) {
+  const std::string file = dir + "/pid_escaped";
+  return "setsid sleep 300 & echo $! > " + file + ".partial; mv " + file + ".partial " + file + "; " + then;
+}
+
+/// Expects `pid` to be gone within 5 s; kills it if not, so that no test leaves it behind.
+void expect_dies(pid_t pid, const std::string& what) {
+  const std::vector<pid_t> alive = wait_until_dead({pid}, seconds(5));
+  for (pid_t survivor : alive) ::kill(survivor, SIGKILL);
+  EXPECT_EQ(alive, std::vector<pid_t>{}) << what;
 }
 
 // A worker's descendant that leaves its process group (setsid, a daemon)
@@ -295,41 +303,29 @@ std::string escaping_worker(const std::string& pid_file, const std::string& then
 // the job ends instead of waiting for it or leaving it to init.
 TEST(Ddprun, ADescendantThatLeftItsGroupIsKilledWhenTheJobEnds) {
   ScratchDir scratch;
-  const std::string pid_file = scratch.path() + "/escaped.pid";
-  const std::string script = escaping_worker(pid_file, "exit 3");
+  const std::string script = escaping_worker(scratch.path(), "exit 3");
   const DdprunResult result =
       run_ddprun({"--standalone", "--nproc-per-node", "1", "/bin/sh", "-c", script}, scratch, {}, seconds(20));
   EXPECT_EQ(result.exit_code, 1) << result.output;
   EXPECT_TRUE(contains(result.output, "killed 1 process(es) the workers left behind")) << result.output;
-  std::ifstream in(pid_file);
-  pid_t escaped = 0;
-  ASSERT_TRUE(in >> escaped) << "the worker wrote no pid";
-  const std::vector<pid_t> alive = wait_until_dead({escaped}, seconds(5));
-  for (pid_t pid : alive) ::kill(pid, SIGKILL);
-  EXPECT_EQ(alive, std::vector<pid_t>{}) << "a setsid descendant outlived the job";
+  const std::vector<pid_t> escaped = wait_for_pid_files(scratch.path(), 1, seconds(1));
+  ASSERT_EQ(escaped.size(), 1u) << "the worker wrote no pid";
+  expect_dies(escaped[0], "a setsid descendant outlived the job");
 }
 
 // The same descendant when ddprun itself is SIGKILLed: it is in no worker's
 // group, and becomes init's; the group keeper, which saw it, kills it.
 TEST(Ddprun, SigkillOfDdprunLeavesNoDescendantThatLeftItsGroup) {
   ScratchDir scratch;
-  const std::string pid_file = scratch.path() + "/escaped.pid";
-  const std::string script = escaping_worker(pid_file, "sleep 300");
+  const std::string script = escaping_worker(scratch.path(), "sleep 300");
   const DdprunProcess ddprun =
       start_ddprun({"--standalone", "--nproc-per-node", "1", "/bin/sh", "-c", script}, scratch);
-  pid_t escaped = 0;
-  for (int tries = 0; tries < 100 && escaped == 0; ++tries) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::ifstream in(pid_file);
-    in >> escaped;
-  }
-  ASSERT_NE(escaped, 0) << "the worker wrote no pid";
+  const std::vector<pid_t> escaped = wait_for_pid_files(scratch.path(), 1, seconds(10));
+  ASSERT_EQ(escaped.size(), 1u) << "the worker wrote no pid";
   std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // the keeper looks every 0.5 s
   ASSERT_EQ(::kill(ddprun.pid, SIGKILL), 0);
   EXPECT_EQ(wait_ddprun(ddprun, seconds(5)).signal, SIGKILL);
-  const std::vector<pid_t> alive = wait_until_dead({escaped}, seconds(5));
-  for (pid_t pid : alive) ::kill(pid, SIGKILL);
-  EXPECT_EQ(alive, std::vector<pid_t>{}) << "a setsid descendant outlived a SIGKILLed ddprun";
+  expect_dies(escaped[0], "a setsid descendant outlived a SIGKILLed ddprun");
 }
 
 TEST(Ddprun, RestartsUntilTheProgramSucceeds) {
