@@ -248,7 +248,10 @@ struct StoreServer::State {
       case Op::kCheck:
       case Op::kWait: {
         bool all = true;
-        for (std::uint32_t n = reader.u32(); n > 0; --n) all = all && data.count(reader.string()) > 0;
+        for (std::uint32_t n = reader.u32(); n > 0; --n) {
+          const bool present = data.count(reader.string()) > 0;  // every key read, present or not
+          all = all && present;
+        }
         if (op == Op::kWait && !all) return false;
         if (op == Op::kCheck) reply.u8(all ? 1 : 0);
         break;

@@ -104,6 +104,7 @@ TEST(Store, ClientsShareKeysCountersAndWaits) {
   EXPECT_EQ(first->get("n"), bytes_of("5")) << "counters read as decimal text, as TCPStore's";
   EXPECT_TRUE(second->check({"a", "n"}));
   EXPECT_FALSE(second->check({"a", "missing"}));
+  EXPECT_FALSE(second->check({"missing", "a"})) << "a missing key before a present one";
   EXPECT_EQ(first->getNumKeys(), 2);
   EXPECT_EQ(first->compareSet("c", {}, bytes_of("x")), bytes_of("x")) << "a missing key expected missing is set";
   EXPECT_EQ(second->compareSet("c", bytes_of("y"), bytes_of("z")), bytes_of("x"))
