@@ -26,9 +26,6 @@
 
 #include "common/run_info.h"
 #include "flags.h"
-#if PRECISION_BENCH_WITH_CAST_KERNEL
-#include "precision/float8_cast.h"
-#endif
 
 namespace {
 
@@ -158,7 +155,6 @@ int main(int argc, char** argv) try {
     }
   }
 
-#if PRECISION_BENCH_WITH_CAST_KERNEL
   // 3. The FP8 cast as Float8Linear runs it (delayed scaling: scale given,
   // amax taken, transpose written): activations and output gradients in
   // bf16, weights in fp32. Traffic: the input read, two FP8 copies written.
@@ -167,18 +163,17 @@ int main(int argc, char** argv) try {
                                                                                  std::int64_t{5632}},
         std::tuple{torch::kFloat, std::int64_t{5632}, std::int64_t{2048}}}) {
     const auto input = torch::randn({rows_count, cols}, f32).to(dtype);
-    ddp::detail::Float8CastOutputs outputs;
-    outputs.data = torch::empty({rows_count, cols}, f32.dtype(torch::kFloat8_e4m3fn));
-    outputs.transposed = torch::empty({cols, rows_count}, f32.dtype(torch::kFloat8_e4m3fn));
-    outputs.amax = torch::zeros({}, f32);
-    outputs.inverse_scale = torch::empty({}, f32);
-    const ddp::detail::Float8CastScale scale{torch::full({}, 2.0f, f32), /*from_amax=*/false};
-    const double ms = time_ms(args, [&] { ddp::detail::cast_to_float8(input, scale, 448.0f, outputs); });
+    ddp::Float8Tensor cast;
+    cast.data = torch::empty({rows_count, cols}, f32.dtype(torch::kFloat8_e4m3fn));
+    cast.transposed = torch::empty({cols, rows_count}, f32.dtype(torch::kFloat8_e4m3fn));
+    cast.amax = torch::zeros({}, f32);
+    cast.scale = torch::full({}, 2.0f, f32);
+    cast.inverse_scale = torch::empty({}, f32);
+    const double ms = time_ms(args, [&] { ddp::float8::cast_transpose(input, cast); });
     const double bytes = static_cast<double>(input.numel()) * (input.element_size() + 2);
     rows.push_back({fmt::format("FP8 cast, {} -> e4m3 + transpose + amax", c10::toString(dtype)),
                     fmt::format("{} x {}", rows_count, cols), ms, 0.0, 0.0, "", bytes / ms / 1e9});
   }
-#endif
 
   const auto info = bench::run_info(0);
   std::string table =

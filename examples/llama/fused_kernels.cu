@@ -5,21 +5,20 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_check.h"
-#include "cuda/warp_reduce.cuh"
-#include "precision/float8_tile.cuh"
-
 namespace llama::kernels {
 namespace {
 
-using ddp::detail::float8_tiles::to_float;
-
 constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 // Round to nearest even, as ATen's conversions do.
 template <typename T>
@@ -41,7 +40,8 @@ struct alignas(sizeof(T) * N) Pack {
 /// of the block must call it; blockDim.x a multiple of 32, at most kThreads.
 __device__ float block_sum(float value) {
   __shared__ float warp_sums[kThreads / 32];
-  value = ddp::detail::warp_sum(value);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
   __syncthreads();  // a previous call's readers are done with warp_sums
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = value;
   __syncthreads();
@@ -179,18 +179,6 @@ __device__ __forceinline__ void swiglu_gradients(float grad, float gate, float u
   grad_up = grad * gate * s;
 }
 
-/// SwiGLU as the arithmetic of an FP8 cast (float8_tile.cuh): (gate, up) -> y.
-struct SwigluToFloat8 {
-  __device__ __forceinline__ void operator()(const float (&x)[2], float (&y)[1]) const { y[0] = swiglu(x[0], x[1]); }
-};
-
-/// Its backward: (grad_y, gate, up) -> (grad_gate, grad_up).
-struct SwigluGradientsToFloat8 {
-  __device__ __forceinline__ void operator()(const float (&x)[3], float (&y)[2]) const {
-    swiglu_gradients(x[0], x[1], x[2], y[0], y[1]);
-  }
-};
-
 template <typename T, int N>
 __global__ void swiglu_backward_kernel(const T* __restrict__ grad_y, const T* __restrict__ gate,
                                        const T* __restrict__ up, T* __restrict__ grad_gate, T* __restrict__ grad_up,
@@ -279,7 +267,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at
       launch<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
           static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(), static_cast<Out*>(y.data_ptr()),
           rstd.data_ptr<float>(), cols, static_cast<float>(eps));
-      DDP_CUDA_CHECK_LAUNCH("rms_norm_forward_kernel");
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
   return {y, rstd};
@@ -316,7 +304,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, co
                                               static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(),
                                               rstd.data_ptr<float>(), static_cast<In*>(grad_x.data_ptr()),
                                               weight_partials.data_ptr<float>(), rows, cols);
-      DDP_CUDA_CHECK_LAUNCH("rms_norm_backward_kernel");
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
   return {grad_x, weight_partials.sum(0)};
@@ -350,7 +338,7 @@ at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Te
         static_cast<const T*>(x.data_ptr()), cos.data_ptr<float>(), sin.data_ptr<float>(),
         static_cast<T*>(y.data_ptr()), static_cast<int>(x.size(1)), static_cast<int>(pairs_per_head),
         static_cast<int>(pairs_per_token), inverse ? -1.0f : 1.0f);
-    DDP_CUDA_CHECK_LAUNCH("rotate_pairs_kernel");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return y;
 }
@@ -376,7 +364,7 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
     launch<<<grid_for(packs), kThreads, 0, stream>>>(static_cast<const T*>(gate.data_ptr()),
                                                      static_cast<const T*>(up.data_ptr()),
                                                      static_cast<T*>(y.data_ptr()), packs);
-    DDP_CUDA_CHECK_LAUNCH("swiglu_forward_kernel");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return y;
 }
@@ -407,24 +395,9 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, cons
         static_cast<const T*>(grad_y.data_ptr()), static_cast<const T*>(gate.data_ptr()),
         static_cast<const T*>(up.data_ptr()), static_cast<T*>(grad_gate.data_ptr()),
         static_cast<T*>(grad_up.data_ptr()), packs);
-    DDP_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {grad_gate, grad_up};
-}
-
-void swiglu_forward_float8(const at::Tensor& gate, const at::Tensor& up, const ddp::detail::Float8Destination& y) {
-  ddp::detail::float8_tiles::launch_float8_tiles<2, 1>("llama::kernels::swiglu_forward_float8: ", {gate, up},
-                                                       {y.scale}, y.largest, {y.outputs}, SwigluToFloat8{});
-}
-
-void swiglu_backward_float8(const at::Tensor& grad_y, const at::Tensor& gate, const at::Tensor& up,
-                            const ddp::detail::Float8Destination& grad_gate,
-                            const ddp::detail::Float8Destination& grad_up) {
-  const char* what = "llama::kernels::swiglu_backward_float8: ";
-  TORCH_CHECK(grad_gate.largest == grad_up.largest, what, "both gradients must be cast to one FP8 format");
-  ddp::detail::float8_tiles::launch_float8_tiles<3, 2>(what, {grad_y, gate, up}, {grad_gate.scale, grad_up.scale},
-                                                       grad_gate.largest, {grad_gate.outputs, grad_up.outputs},
-                                                       SwigluGradientsToFloat8{});
 }
 
 }  // namespace llama::kernels

@@ -16,10 +16,6 @@
 
 #include <ATen/core/Tensor.h>
 
-namespace ddp::detail {
-struct Float8Destination;
-}  // namespace ddp::detail
-
 namespace llama::kernels {
 
 /// y = x * rsqrt(mean(x^2 over the last dim) + eps) * weight, rounded to
@@ -46,16 +42,5 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 /// The gradients of swiglu_forward: {grad_gate, grad_up}.
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, const at::Tensor& gate,
                                                   const at::Tensor& up);
-
-/// silu(gate) * up, computed in fp32 and written straight into the FP8
-/// cast `y` describes (its data, transpose and amax; float8_fusion.h), with
-/// no bf16 result: gate and up [rows, cols].
-void swiglu_forward_float8(const at::Tensor& gate, const at::Tensor& up, const ddp::detail::Float8Destination& y);
-
-/// The gradients of swiglu_forward written likewise, as FP8 casts in one
-/// format: grad_y, gate and up [rows, cols].
-void swiglu_backward_float8(const at::Tensor& grad_y, const at::Tensor& gate, const at::Tensor& up,
-                            const ddp::detail::Float8Destination& grad_gate,
-                            const ddp::detail::Float8Destination& grad_up);
 
 }  // namespace llama::kernels

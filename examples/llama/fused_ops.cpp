@@ -5,11 +5,10 @@
 #include <torch/autograd.h>
 #include <torch/torch.h>
 
-#include "compat/torch_compat.h"
+#include <ddp/precision.h>
 
 #if LLAMA_WITH_CUDA_KERNELS
 #include "fused_kernels.h"
-#include "precision/float8_fusion.h"
 #endif
 
 namespace llama::ops {
@@ -86,49 +85,19 @@ struct FusedRotation : torch::autograd::Function<FusedRotation> {
   }
 };
 
-// With FP8 scalings (float8_fusion.h), the kernels write the FP8 cast of the
-// output for the layer after it (`down_input`), and those of the gradients
-// for the layers before it (`gate_grad`, `up_grad`), and return placeholders
-// that only those layers may take.
 struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up,
-                               ddp::detail::TensorScaling* down_input, ddp::detail::TensorScaling* gate_grad,
-                               ddp::detail::TensorScaling* up_grad) {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up) {
     const torch::Tensor g = gate.contiguous();
     const torch::Tensor u = up.contiguous();
     ctx->save_for_backward({g, u});
-    ctx->saved_data["float8_gradients"] = gate_grad != nullptr && up_grad != nullptr;
-    if (gate_grad != nullptr && up_grad != nullptr) {
-      gate_grad->save_to(ctx, "gate_grad.");
-      up_grad->save_to(ctx, "up_grad.");
-    }
-    if (down_input == nullptr) return kernels::swiglu_forward(g, u);
-    const std::int64_t cols = g.size(-1);
-    const std::int64_t rows = g.numel() / cols;
-    const ddp::detail::Float8Destination y = down_input->destination(rows, cols);
-    kernels::swiglu_forward_float8(g.view({rows, cols}), u.view({rows, cols}), y);
-    return down_input->offer(y, g.sizes(), g.scalar_type());
+    return kernels::swiglu_forward(g, u);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     check_not_differentiated_twice("swiglu");
     const auto saved = ctx->get_saved_variables();
-    const torch::Tensor grad_y = grad_outputs[0].contiguous();
-    if (!ctx->saved_data["float8_gradients"].toBool()) {
-      auto [grad_gate, grad_up] = kernels::swiglu_backward(grad_y, saved[0], saved[1]);
-      return {grad_gate, grad_up, torch::Tensor(), torch::Tensor(), torch::Tensor()};
-    }
-    ddp::detail::TensorScaling gate_grad = ddp::detail::TensorScaling::load_from(ctx, "gate_grad.");
-    ddp::detail::TensorScaling up_grad = ddp::detail::TensorScaling::load_from(ctx, "up_grad.");
-    const std::int64_t cols = grad_y.size(-1);
-    const std::int64_t rows = grad_y.numel() / cols;
-    const ddp::detail::Float8Destination grad_gate = gate_grad.destination(rows, cols);
-    const ddp::detail::Float8Destination grad_up = up_grad.destination(rows, cols);
-    kernels::swiglu_backward_float8(grad_y.view({rows, cols}), saved[0].view({rows, cols}),
-                                    saved[1].view({rows, cols}), grad_gate, grad_up);
-    return {gate_grad.offer(grad_gate, grad_y.sizes(), grad_y.scalar_type()),
-            up_grad.offer(grad_up, grad_y.sizes(), grad_y.scalar_type()), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    auto [grad_gate, grad_up] = kernels::swiglu_backward(grad_outputs[0].contiguous(), saved[0], saved[1]);
+    return {grad_gate, grad_up};
   }
 };
 
@@ -147,9 +116,8 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   if (fused && x.is_cuda() && kernel_dtype(x) && x.dim() >= 1 && x.size(-1) > 0 && weight.dim() == 1 &&
       weight.size(0) == x.size(-1) && weight.device() == x.device()) {
     c10::ScalarType out_dtype = x.scalar_type();
-    if (out_dtype == torch::kFloat && ddp::compat::autocast_enabled(c10::DeviceType::CUDA)) {
-      out_dtype = ddp::compat::autocast_dtype(c10::DeviceType::CUDA);
-    }
+    const ddp::AutocastState autocast = ddp::AutocastState::current(c10::DeviceType::CUDA);
+    if (out_dtype == torch::kFloat && autocast.enabled) out_dtype = autocast.dtype;
     return FusedRmsNorm::apply(x, weight, eps, out_dtype);
   }
 #endif
@@ -177,30 +145,16 @@ torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, con
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS
-  if (fused && fits_swiglu_kernel(gate, up)) return FusedSwiglu::apply(gate, up, nullptr, nullptr, nullptr);
+  if (fused && fits_swiglu_kernel(gate, up)) return FusedSwiglu::apply(gate, up);
 #endif
   return torch::silu(gate) * up;
 }
 
 torch::Tensor swiglu_down(const torch::Tensor& gate, const torch::Tensor& up, ddp::Float8LinearImpl& down,
-                          [[maybe_unused]] ddp::Float8LinearImpl& gate_layer,
-                          [[maybe_unused]] ddp::Float8LinearImpl& up_layer, [[maybe_unused]] bool fused) {
-#if LLAMA_WITH_CUDA_KERNELS
-  // Rows that an FP8 matmul cannot take make `down` refuse its input: then
-  // no cast may be left waiting for it.
-  if (fused && fits_swiglu_kernel(gate, up) && gate.dim() >= 1 && gate.numel() > 0 &&
-      gate.numel() / gate.size(-1) % 16 == 0) {
-    ddp::detail::TensorScaling* down_input = ddp::detail::fusable_input_scaling(down, gate.device());
-    ddp::detail::TensorScaling* gate_grad = nullptr;
-    ddp::detail::TensorScaling* up_grad = nullptr;
-    if (torch::GradMode::is_enabled() && gate.requires_grad() && up.requires_grad()) {
-      gate_grad = ddp::detail::fusable_grad_output_scaling(gate_layer);
-      up_grad = ddp::detail::fusable_grad_output_scaling(up_layer);
-    }
-    return down.forward(FusedSwiglu::apply(gate, up, down_input, gate_grad, up_grad));
-  }
-#endif
-  return down.forward(swiglu(gate, up, fused));
+                          ddp::Float8LinearImpl& gate_layer, ddp::Float8LinearImpl& up_layer, bool fused) {
+  if (!fused) return down.forward(swiglu(gate, up, /*fused=*/false));
+  return ddp::float8::swiglu_linear(gate, up, down, gate_layer, up_layer,
+                                    [](const torch::Tensor& g, const torch::Tensor& u) { return swiglu(g, u, true); });
 }
 
 }  // namespace llama::ops

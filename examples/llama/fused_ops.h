@@ -34,13 +34,12 @@ torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, con
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, bool fused);
 
 /// down(swiglu(gate, up)), where gate and up are what gate_layer and
-/// up_layer returned. With `fused` on CUDA, where those layers run in FP8
-/// with delayed scaling, the SwiGLU kernel writes down's FP8 input itself,
-/// and its backward the FP8 gradients of gate_layer's and up_layer's outputs
-/// (float8_fusion.h), so that none of the three exists in bf16: gate and up
-/// must then go straight from those layers to here, unmodified, and have no
-/// other use whose gradient is summed with this one's (a layer given anything
-/// else in backward than what this returned raises UsageError).
+/// up_layer returned. With `fused`, libddp's ddp::float8::swiglu_linear:
+/// where the three layers run in FP8 with delayed scaling, SwiGLU writes
+/// down's FP8 input itself, and its backward the FP8 gradients of
+/// gate_layer's and up_layer's outputs, so that none of the three exists in
+/// bf16 (gate and up must then go straight from those layers to here);
+/// elsewhere the fused SwiGLU above.
 torch::Tensor swiglu_down(const torch::Tensor& gate, const torch::Tensor& up, ddp::Float8LinearImpl& down,
                           ddp::Float8LinearImpl& gate_layer, ddp::Float8LinearImpl& up_layer, bool fused);
 

@@ -7,9 +7,11 @@
 #include <utility>
 #include <vector>
 
-#include <ddp/distributed_data_parallel.h>
+#include <torch/version.h>
 
-#include "compat/torch_compat.h"
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/precision.h>
+
 #include "fused_ops.h"
 
 namespace llama {
@@ -45,7 +47,7 @@ ddp::Float8Linear linear(std::int64_t in_features, std::int64_t out_features) {
 
 // q [batch, heads, seq, head_dim]; k and v with as many heads as q.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-#if DDP_TORCH_HAS_SDPA
+#if TORCH_VERSION_MAJOR >= 2  // at::scaled_dot_product_attention arrived in LibTorch 2.0
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
   const std::int64_t seq = q.size(-2);
@@ -66,36 +68,7 @@ struct Recompute : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::vector<torch::Tensor> parameters;
   c10::DeviceType device_type = c10::DeviceType::CPU;
-  bool autocast_enabled = false;
-  c10::ScalarType autocast_dtype = c10::ScalarType::Undefined;
-};
-
-// Sets autocast as a Recompute recorded it, for the lifetime of the guard.
-class AutocastAs {
- public:
-  explicit AutocastAs(const Recompute& recompute)
-      : device_type_(recompute.device_type),
-        previous_enabled_(ddp::compat::autocast_enabled(device_type_)),
-        previous_dtype_(ddp::compat::autocast_dtype(device_type_)),
-        entered_(recompute.autocast_enabled) {
-    ddp::compat::set_autocast_enabled(device_type_, recompute.autocast_enabled);
-    ddp::compat::set_autocast_dtype(device_type_, recompute.autocast_dtype);
-    if (entered_) at::autocast::increment_nesting();
-  }
-  ~AutocastAs() {
-    // The weights autocast caches would be stale after the optimizer step.
-    if (entered_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    ddp::compat::set_autocast_enabled(device_type_, previous_enabled_);
-    ddp::compat::set_autocast_dtype(device_type_, previous_dtype_);
-  }
-  AutocastAs(const AutocastAs&) = delete;
-  AutocastAs& operator=(const AutocastAs&) = delete;
-
- private:
-  c10::DeviceType device_type_;
-  bool previous_enabled_;
-  c10::ScalarType previous_dtype_;
-  bool entered_;
+  ddp::AutocastState autocast;
 };
 
 // Activation checkpointing; LibTorch has no torch.utils.checkpoint. Forward
@@ -131,7 +104,7 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
     torch::Tensor output;
     {
       torch::AutoGradMode grad_mode(true);
-      AutocastAs autocast(*recompute);
+      ddp::AutocastStateGuard autocast(recompute->device_type, recompute->autocast);
       output = recompute->forward(x);
     }
     const auto grads = torch::autograd::grad({output}, differentiable, {grad_outputs.at(0)});
@@ -150,8 +123,7 @@ torch::Tensor checkpointed(const std::shared_ptr<TransformerBlockImpl>& block, c
   recompute->forward = [block, rotation](const torch::Tensor& input) { return block->forward(input, rotation); };
   recompute->parameters = block->parameters();
   recompute->device_type = x.device().type();
-  recompute->autocast_enabled = ddp::compat::autocast_enabled(recompute->device_type);
-  recompute->autocast_dtype = ddp::compat::autocast_dtype(recompute->device_type);
+  recompute->autocast = ddp::AutocastState::current(recompute->device_type);
   return CheckpointedBlock::apply(x, at::TensorList(recompute->parameters), recompute);
 }
 

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <ddp/export.h>
 #include <ddp/communicator.h>
 
 namespace ddp {
@@ -34,13 +35,13 @@ namespace comm_hooks {
 
 /// Average in the gradients' own dtype (the default): an all-reduce, or a
 /// reduce-scatter in the sharded modes.
-CommHook average();
+DDP_API CommHook average();
 
 /// Casts the bucket to `dtype` (bf16, fp16 or fp32), averages in it and
 /// casts back: half the bytes on the wire for fp32 gradients in bf16, as
 /// PyTorch's bf16_compress_hook; or bf16 gradients averaged in fp32 (kFull
 /// with param_dtype bf16). FSDP calls it reduce_dtype.
-CommHook average_in(c10::ScalarType dtype);
+DDP_API CommHook average_in(c10::ScalarType dtype);
 
 }  // namespace comm_hooks
 }  // namespace ddp

@@ -7,6 +7,8 @@
 
 #include <c10/core/Device.h>
 
+#include <ddp/export.h>
+
 namespace at {
 class Tensor;
 }
@@ -17,21 +19,21 @@ namespace ddp {
 enum class Backend { kNccl, kGloo };
 
 /// "nccl" or "gloo".
-std::string to_string(Backend backend);
+DDP_API std::string to_string(Backend backend);
 /// Parses "nccl" or "gloo" (any case); UsageError for anything else.
-Backend parse_backend(const std::string& name);
+DDP_API Backend parse_backend(const std::string& name);
 /// Whether this build of libddp has the backend (NCCL needs LibTorch with CUDA,
 /// Gloo needs Gloo's headers at build time).
-bool is_available(Backend backend);
+DDP_API bool is_available(Backend backend);
 
 /// Reduction of all_reduce. kAvg is the sum divided by world_size().
 enum class ReduceOp { kSum, kAvg, kMax };
 
 /// "sum", "avg" or "max".
-std::string to_string(ReduceOp op);
+DDP_API std::string to_string(ReduceOp op);
 
 /// Handle to a collective in flight.
-class Work {
+class DDP_API Work {
  public:
   virtual ~Work() = default;
 
@@ -59,7 +61,7 @@ class Work {
 /// Every collective has a deadline of timeout(). When one fails or times out,
 /// the rank that notices throws a CollectiveError naming the operation and how
 /// far every other rank got; the communicator is unusable afterwards.
-class Communicator {
+class DDP_API Communicator {
  public:
   virtual ~Communicator() = default;
 

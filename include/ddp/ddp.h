@@ -8,6 +8,7 @@
 #include <ddp/environment.h>
 #include <ddp/errors.h>
 #include <ddp/float8.h>
+#include <ddp/float8_tensor.h>
 #include <ddp/grad_scaler.h>
 #include <ddp/iteration_timing.h>
 #include <ddp/optim.h>

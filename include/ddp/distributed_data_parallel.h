@@ -12,6 +12,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <ddp/export.h>
 #include <ddp/comm_hooks.h>
 #include <ddp/iteration_timing.h>
 #include <ddp/process_group.h>
@@ -92,7 +93,7 @@ class ShardedParameters;
 class UnitSchedule;
 
 /// What ddp::in_unit tells the unit schedule of the model that has `unit`.
-class UnitScope {
+class DDP_API UnitScope {
  public:
   /// Gathers the unit's parameters (no-op for a module that is no unit).
   explicit UnitScope(const torch::nn::Module& unit);
@@ -106,7 +107,7 @@ class UnitScope {
 };
 
 /// The part of DistributedDataParallel that does not depend on the module type.
-class DataParallelCore {
+class DDP_API DataParallelCore {
  public:
   DataParallelCore(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> process_group,
                    const DistributedDataParallelOptions& options);

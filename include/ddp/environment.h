@@ -5,11 +5,13 @@
 #include <optional>
 #include <string>
 
+#include <ddp/export.h>
+
 namespace ddp {
 
 /// Where this process sits in the job, read from the variables that ddprun,
 /// torchrun, SLURM wrappers and Kubernetes training operators set.
-struct Environment {
+struct DDP_API Environment {
   int rank = 0;              ///< RANK: global index of this process, 0 <= rank < world_size.
   int world_size = 1;        ///< WORLD_SIZE: number of processes in the job.
   int local_rank = 0;        ///< LOCAL_RANK: index on this node; picks the GPU. Default: RANK.

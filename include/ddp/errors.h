@@ -4,24 +4,26 @@
 #include <stdexcept>
 #include <string>
 
+#include <ddp/export.h>
+
 namespace ddp {
 
 /// Base of every exception libddp throws.
-class Error : public std::runtime_error {
+class DDP_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 /// Bad input from the user: environment variables, options, arguments.
 /// The message names what was wrong and how to fix it.
-class UsageError : public Error {
+class DDP_API UsageError : public Error {
  public:
   using Error::Error;
 };
 
 /// A collective failed or timed out. The message names the operation, its
 /// sequence number, this rank, and what is known of the other ranks' progress.
-class CollectiveError : public Error {
+class DDP_API CollectiveError : public Error {
  public:
   /// `message` is what what() returns; the other arguments are kept for the accessors.
   CollectiveError(std::string message, std::string operation, std::uint64_t sequence, int rank)

@@ -7,11 +7,14 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 #include <torch/nn/cloneable.h>
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include <ddp/export.h>
+#include <ddp/float8_tensor.h>
 #include <ddp/process_group.h>
 
 namespace ddp {
@@ -50,15 +53,10 @@ struct Float8Options {
 class Float8LinearImpl;
 
 namespace detail {
+/// The library's access to a layer's FP8 state.
+struct Float8LinearAccess;
 struct Float8LinearState;
 class SharedInputCast;
-/// The layer's FP8 state; null while FP8 is off or before its first forward.
-Float8LinearState* float8_state(Float8LinearImpl& layer);
-/// The layer's FP8 state on `device`, made or moved there as a forward on
-/// that device would; null while FP8 is off.
-Float8LinearState* float8_state_on(Float8LinearImpl& layer, const c10::Device& device);
-/// The input cast the layer shares with others (float8::share_input_cast), or null.
-std::shared_ptr<SharedInputCast>& shared_input_cast(Float8LinearImpl& layer);
 }  // namespace detail
 
 /// A drop-in for torch::nn::Linear whose matmuls run in FP8 on sm_89+ GPUs:
@@ -74,7 +72,7 @@ std::shared_ptr<SharedInputCast>& shared_input_cast(Float8LinearImpl& layer);
 /// Declare the layers that may run in FP8 as Float8Linear instead: with
 /// `enabled(false)` it computes exactly what torch::nn::Linear does, and
 /// enable_float8() switches it on.
-class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
+class DDP_API Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
  public:
   /// As torch::nn::Linear(in_features, out_features), FP8 on (current scaling).
   Float8LinearImpl(std::int64_t in_features, std::int64_t out_features)
@@ -125,9 +123,7 @@ class Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   at::Tensor bias;
 
  private:
-  friend detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer);
-  friend detail::Float8LinearState* detail::float8_state_on(Float8LinearImpl& layer, const c10::Device& device);
-  friend std::shared_ptr<detail::SharedInputCast>& detail::shared_input_cast(Float8LinearImpl& layer);
+  friend struct detail::Float8LinearAccess;
 
   std::shared_ptr<detail::Float8LinearState> state_;
   std::shared_ptr<detail::SharedInputCast> shared_input_;
@@ -151,7 +147,8 @@ using Filter = std::function<bool(const std::string& path, const Float8LinearImp
 /// `options`' recipe to them. Layers left alone are reported with the
 /// reason, including plain torch::nn::Linear layers, which must be declared
 /// as Float8Linear to run in FP8. Throws UsageError where FP8 cannot run.
-Report enable_float8(torch::nn::Module& model, const Float8Options& options = {}, const Filter& filter = nullptr);
+DDP_API Report enable_float8(torch::nn::Module& model, const Float8Options& options = {},
+                             const Filter& filter = nullptr);
 
 /// Lets `layers`, which are always called with the same input tensor (the
 /// query, key and value projections of attention; the gate and up
@@ -167,7 +164,7 @@ Report enable_float8(torch::nn::Module& model, const Float8Options& options = {}
 /// that never runs (e.g. left out of FP8) keeps it alive until the group's
 /// next cast. Throws UsageError for layers of different input widths. A group
 /// lasts until reset() of a member.
-void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
+DDP_API void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
 
 /// Delayed scaling's once-per-iteration update: enters the amaxes that the
 /// Float8Linear layers of `model` took in this iteration's casts into their
@@ -181,7 +178,24 @@ void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
 /// FP8 layers before the first call, so that they reduce as many amaxes;
 /// save checkpoints after the call, so that rank 0's FP8 state is every
 /// rank's.
-void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group);
+DDP_API void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group);
+
+/// down(silu(gate) * up) for a SwiGLU feed-forward whose gate and up are the
+/// outputs of gate_layer and up_layer (LLaMA's w1, w3 and w2). Where the
+/// three layers run in FP8 with delayed scaling on a CUDA device (and the
+/// rows are a multiple of 16), one kernel computes SwiGLU in fp32 and writes
+/// down's FP8 input with its transpose and amax, and backward writes the FP8
+/// gradients of gate_layer's and up_layer's outputs likewise (Transformer
+/// Engine's fused SwiGLU and dswiglu_cast_transpose), so that none of the
+/// three tensors exists in bf16. gate and up must then come straight from
+/// those layers, with no other use whose gradient is summed with this one's:
+/// a layer given another gradient than the one this wrote throws UsageError.
+/// Elsewhere it is down(swiglu(gate, up)), with `swiglu` (silu(gate) * up
+/// in ATen ops when null).
+DDP_API at::Tensor swiglu_linear(
+    const at::Tensor& gate, const at::Tensor& up, Float8LinearImpl& down, Float8LinearImpl& gate_layer,
+    Float8LinearImpl& up_layer,
+    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& swiglu = nullptr);
 
 }  // namespace float8
 }  // namespace ddp

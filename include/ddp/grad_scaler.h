@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
+#include <ddp/export.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>
 
@@ -60,7 +61,7 @@ struct GradScalerState {
 /// With a process group, whether a step found inf/NaN is agreed across ranks
 /// (a max all-reduce), so every rank skips the same steps and the replicas
 /// never diverge. Gradients must not be reduced in place after unscale_().
-class GradScaler {
+class DDP_API GradScaler {
  public:
   /// Throws UsageError for invalid options (a non-positive init_scale,
   /// growth_factor <= 1, backoff_factor outside (0, 1), growth_interval < 1).

@@ -3,6 +3,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <ddp/export.h>
+
 namespace ddp::optim {
 
 /// torch::optim::AdamW whose step runs ATen's fused multi-tensor kernel
@@ -11,7 +13,7 @@ namespace ddp::optim {
 /// gradients and moments instead of a dozen kernels per parameter. Elsewhere
 /// (CPU parameters, amsgrad, LibTorch 1.x) it is AdamW's own step. Options,
 /// state and checkpoints are AdamW's, so either loads the other's.
-class FusedAdamW : public torch::optim::AdamW {
+class DDP_API FusedAdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
   /// One AdamW step, fused where fused() says so. Returns the closure's loss.
@@ -28,7 +30,7 @@ class FusedAdamW : public torch::optim::AdamW {
 /// many small tensors such as ResNet-50. Elsewhere (CPU parameters, sparse
 /// gradients, LibTorch 1.x) it is SGD's own step. Options, state and
 /// checkpoints are SGD's, so either loads the other's.
-class FusedSGD : public torch::optim::SGD {
+class DDP_API FusedSGD : public torch::optim::SGD {
  public:
   using torch::optim::SGD::SGD;
   /// One SGD step, fused where fused() says so. Returns the closure's loss.

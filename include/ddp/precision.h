@@ -6,6 +6,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <ddp/export.h>
+
 namespace ddp {
 
 /// The math mode of a training step.
@@ -18,10 +20,10 @@ enum class Precision {
 };
 
 /// "fp32", "tf32", "bf16", "fp16" or "fp8".
-std::string to_string(Precision precision);
+DDP_API std::string to_string(Precision precision);
 
 /// Parses a precision name (any case). UsageError naming the valid choices otherwise.
-Precision parse_precision(const std::string& name);
+DDP_API Precision parse_precision(const std::string& name);
 
 /// What a precision means for a training step: the autocast dtype, the TF32
 /// switches, whether gradients need loss scaling, and the dtype DDP reduces
@@ -33,7 +35,7 @@ Precision parse_precision(const std::string& name);
 ///     loss = criterion(model(x), y);
 ///   }
 ///   loss.backward();
-class PrecisionPolicy {
+class DDP_API PrecisionPolicy {
  public:
   /// The policy of `precision`, reducing gradients in fp32.
   /* implicit */ PrecisionPolicy(Precision precision = Precision::kFp32);  // NOLINT
@@ -72,13 +74,41 @@ class PrecisionPolicy {
 /// follows, backward included: a PrecisionGuard's switches end with the guard,
 /// but backward runs after it. Call it once before training, as a PyTorch
 /// script sets torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32.
-void set_process_tf32(const PrecisionPolicy& policy);
+DDP_API void set_process_tf32(const PrecisionPolicy& policy);
+
+/// The autocast state of one device type: whether autocast is on, and its
+/// dtype. Activation checkpointing records it in forward and restores it to
+/// recompute that forward in backward (which usually runs outside the
+/// autocast region), as torch.utils.checkpoint does. Per thread, as in PyTorch.
+struct DDP_API AutocastState {
+  bool enabled = false;                                ///< Whether autocast is on.
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  ///< The dtype it casts to (kept while off).
+
+  /// The calling thread's state for `device_type`.
+  static AutocastState current(c10::DeviceType device_type);
+};
+
+/// Sets an autocast state for `device_type` (entering an autocast region when
+/// it is on) until the guard is destroyed, then restores the previous one.
+class DDP_API AutocastStateGuard {
+ public:
+  /// Sets `state` for `device_type` until the guard is destroyed.
+  AutocastStateGuard(c10::DeviceType device_type, const AutocastState& state);
+  ~AutocastStateGuard();
+  AutocastStateGuard(const AutocastStateGuard&) = delete;
+  AutocastStateGuard& operator=(const AutocastStateGuard&) = delete;
+
+ private:
+  c10::DeviceType device_type_;
+  AutocastState previous_;
+  bool entered_;
+};
 
 /// Applies a policy to a region (forward and loss) and restores the previous
 /// state when it ends: autocast on `device`'s type with the policy's dtype, and
 /// the TF32 switches. Autocast state is per thread; the TF32 switches are
 /// process-wide, as in PyTorch. Guards nest.
-class PrecisionGuard {
+class DDP_API PrecisionGuard {
  public:
   /// Enters `policy` for `device` until the guard is destroyed.
   PrecisionGuard(const PrecisionPolicy& policy, c10::Device device);
@@ -87,12 +117,9 @@ class PrecisionGuard {
   PrecisionGuard& operator=(const PrecisionGuard&) = delete;
 
  private:
-  c10::DeviceType device_type_;
-  bool autocast_entered_ = false;
-  bool previous_autocast_enabled_ = false;
-  c10::ScalarType previous_autocast_dtype_ = c10::ScalarType::Undefined;
-  bool previous_tf32_cublas_ = false;
-  bool previous_tf32_cudnn_ = false;
+  bool previous_tf32_cublas_;
+  bool previous_tf32_cudnn_;
+  AutocastStateGuard autocast_;
 };
 
 }  // namespace ddp

@@ -6,6 +6,7 @@
 
 #include <torch/arg.h>
 
+#include <ddp/export.h>
 #include <ddp/communicator.h>
 #include <ddp/environment.h>
 
@@ -27,7 +28,7 @@ struct InitOptions {
 
 /// Membership of this process in a job: its coordinates, its device and the
 /// communicator that reaches every rank.
-class ProcessGroup {
+class DDP_API ProcessGroup {
  public:
   struct State;
   /// Made by init(); programs do not construct one themselves.
@@ -58,6 +59,6 @@ class ProcessGroup {
 /// picks the backend, binds the process to cuda:LOCAL_RANK when it uses NCCL,
 /// and returns the process group. Throws UsageError for a bad environment or
 /// options, and Error when the rendezvous fails or times out.
-std::shared_ptr<ProcessGroup> init(const InitOptions& options = {});
+DDP_API std::shared_ptr<ProcessGroup> init(const InitOptions& options = {});
 
 }  // namespace ddp

@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include <ddp/export.h>
+
 namespace ddp {
 
 /// What of the training state each rank keeps whole, as ZeRO's stages.
@@ -30,13 +32,13 @@ enum class Sharding {
 };
 
 /// "none", "optimizer", "gradients" or "full".
-std::string to_string(Sharding sharding);
+DDP_API std::string to_string(Sharding sharding);
 /// Parses what to_string() returns (any case); UsageError naming the choices otherwise.
-Sharding parse_sharding(const std::string& name);
+DDP_API Sharding parse_sharding(const std::string& name);
 
 /// What one rank holds of the trained model, in bytes, as
 /// DistributedDataParallel::memory_report() counts it.
-struct MemoryReport {
+struct DDP_API MemoryReport {
   Sharding sharding = Sharding::kNone;  ///< The mode the model runs in.
   int world_size = 1;                   ///< Ranks the state is spread over.
   std::int64_t parameter_bytes = 0;        ///< Parameters held between iterations (frozen ones too).

@@ -19,9 +19,6 @@
 #define DDP_TORCH_HAS_FLOAT8 DDP_TORCH_AT_LEAST(2, 1)
 #define DDP_TORCH_HAS_SCALED_MM DDP_TORCH_AT_LEAST(2, 4)
 
-// at::scaled_dot_product_attention (fused causal attention) arrived in LibTorch 2.0.
-#define DDP_TORCH_HAS_SDPA DDP_TORCH_AT_LEAST(2, 0)
-
 // The fused GradScaler kernels have had CUDA implementations since 1.x; CPU
 // ones came later. The dispatch header exists exactly when the kernel does.
 #if __has_include(<ATen/ops/_amp_foreach_non_finite_check_and_unscale_cpu_dispatch.h>) && \

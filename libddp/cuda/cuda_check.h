@@ -1,7 +1,7 @@
 #pragma once
 
 // Every CUDA return code is checked; a failure names the call and where it
-// was made. CUDA only: the FP8 kernels and the examples' kernels include it
+// was made. CUDA only: the FP8 kernels include it
 // without NCCL (comm/nccl_check.h checks NCCL's).
 
 #include <stdexcept>

@@ -1,7 +1,7 @@
 #pragma once
 
 // Reductions across the 32 lanes of a warp, the first step of every block
-// reduction in libddp's kernels and the examples'. Every lane gets the result.
+// reduction in libddp's kernels. Every lane gets the result.
 
 namespace ddp::detail {
 

@@ -5,38 +5,52 @@
 #include "compat/torch_compat.h"
 
 namespace ddp {
+namespace {
 
-void set_process_tf32(const PrecisionPolicy& policy) {
-  at::globalContext().setAllowTF32CuBLAS(policy.allow_tf32());
-  at::globalContext().setAllowTF32CuDNN(policy.allow_tf32());
+void set_tf32(bool allow) {
+  auto& context = at::globalContext();
+  context.setAllowTF32CuBLAS(allow);
+  context.setAllowTF32CuDNN(allow);
 }
 
-PrecisionGuard::PrecisionGuard(const PrecisionPolicy& policy, c10::Device device) : device_type_(device.type()) {
-  auto& context = at::globalContext();
-  previous_tf32_cublas_ = context.allowTF32CuBLAS();
-  previous_tf32_cudnn_ = context.allowTF32CuDNN();
-  context.setAllowTF32CuBLAS(policy.allow_tf32());
-  context.setAllowTF32CuDNN(policy.allow_tf32());
+/// The autocast state a policy asks for: on with its dtype, or, for fp32 and
+/// tf32, off (a guard for those inside an autocast region really means fp32).
+AutocastState autocast_for(const PrecisionPolicy& policy, c10::DeviceType device_type) {
+  if (const auto dtype = policy.autocast_dtype()) return {true, *dtype};
+  return {false, AutocastState::current(device_type).dtype};
+}
 
-  previous_autocast_enabled_ = compat::autocast_enabled(device_type_);
-  previous_autocast_dtype_ = compat::autocast_dtype(device_type_);
-  if (const auto dtype = policy.autocast_dtype()) {
-    compat::set_autocast_enabled(device_type_, true);
-    compat::set_autocast_dtype(device_type_, *dtype);
-    at::autocast::increment_nesting();
-    autocast_entered_ = true;
-  } else {
-    // A guard for fp32 or tf32 inside an autocast region really means fp32.
-    compat::set_autocast_enabled(device_type_, false);
-  }
+}  // namespace
+
+void set_process_tf32(const PrecisionPolicy& policy) { set_tf32(policy.allow_tf32()); }
+
+AutocastState AutocastState::current(c10::DeviceType device_type) {
+  return {compat::autocast_enabled(device_type), compat::autocast_dtype(device_type)};
+}
+
+AutocastStateGuard::AutocastStateGuard(c10::DeviceType device_type, const AutocastState& state)
+    : device_type_(device_type), previous_(AutocastState::current(device_type)), entered_(state.enabled) {
+  compat::set_autocast_enabled(device_type_, state.enabled);
+  compat::set_autocast_dtype(device_type_, state.dtype);
+  if (entered_) at::autocast::increment_nesting();
+}
+
+AutocastStateGuard::~AutocastStateGuard() {
+  // The cast weights autocast caches are valid only inside the outermost
+  // region: the optimizer changes the weights after it.
+  if (entered_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  compat::set_autocast_enabled(device_type_, previous_.enabled);
+  compat::set_autocast_dtype(device_type_, previous_.dtype);
+}
+
+PrecisionGuard::PrecisionGuard(const PrecisionPolicy& policy, c10::Device device)
+    : previous_tf32_cublas_(at::globalContext().allowTF32CuBLAS()),
+      previous_tf32_cudnn_(at::globalContext().allowTF32CuDNN()),
+      autocast_(device.type(), autocast_for(policy, device.type())) {
+  set_tf32(policy.allow_tf32());
 }
 
 PrecisionGuard::~PrecisionGuard() {
-  // The cast weights autocast caches are valid only inside the outermost
-  // region: the optimizer changes the weights after it.
-  if (autocast_entered_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  compat::set_autocast_enabled(device_type_, previous_autocast_enabled_);
-  compat::set_autocast_dtype(device_type_, previous_autocast_dtype_);
   auto& context = at::globalContext();
   context.setAllowTF32CuBLAS(previous_tf32_cublas_);
   context.setAllowTF32CuDNN(previous_tf32_cudnn_);

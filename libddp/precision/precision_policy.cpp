@@ -8,7 +8,7 @@
 
 #include <ddp/errors.h>
 
-#include "precision/float8_support.h"
+#include "float8/support.h"
 
 namespace ddp {
 namespace {

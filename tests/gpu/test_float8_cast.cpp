@@ -13,8 +13,8 @@
 
 #include <ddp/ddp.h>
 
-#include "precision/float8_cast.h"
-#include "precision/float8_scaling.h"
+#include "float8/kernels.h"
+#include "float8/scaling.h"
 
 namespace {
 
@@ -54,11 +54,13 @@ void expect_same_bytes(const torch::Tensor& actual, const torch::Tensor& expecte
                 << first << ", is 0x" << std::hex << a[first].item<int>() << " instead of 0x" << e[first].item<int>();
 }
 
-/// Outputs filled with NaN bytes: anything the kernel fails to write stays
-/// NaN, which the reference (finite inputs) never holds.
-ddp::detail::Float8CastOutputs make_outputs(int64_t rows, int64_t cols, torch::ScalarType float8_dtype) {
+/// A cast with `scale`, its outputs filled with NaN bytes: anything the
+/// kernel fails to write stays NaN, which the reference (finite inputs)
+/// never holds.
+ddp::Float8Tensor make_outputs(int64_t rows, int64_t cols, torch::ScalarType float8_dtype, const torch::Tensor& scale) {
   const auto options = torch::TensorOptions().device(kGpu).dtype(float8_dtype);
-  ddp::detail::Float8CastOutputs outputs;
+  ddp::Float8Tensor outputs;
+  outputs.scale = scale;
   outputs.data = torch::empty({rows, cols}, options);
   outputs.transposed = torch::empty({cols, rows}, options);
   outputs.data.view(torch::kByte).fill_(0x7F);
@@ -84,8 +86,8 @@ TEST(Float8Cast, MatchesTheUnfusedCastBitForBit) {
                                    std::to_string(rows) + "x" + std::to_string(cols) + ", scale " +
                                    std::to_string(scale_value);
           const auto reference = (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype);
-          auto outputs = make_outputs(rows, cols, format.dtype);
-          ddp::detail::cast_to_float8(x, {scale}, format.largest, outputs);
+          auto outputs = make_outputs(rows, cols, format.dtype, scale);
+          ddp::float8::cast_transpose(x, outputs);
           expect_same_bytes(outputs.data, reference, what + ", data");
           expect_same_bytes(outputs.transposed, reference.t().contiguous(), what + ", transposed");
           EXPECT_EQ(outputs.amax.item<float>(), x.abs().max().item<float>()) << what << ", amax";
@@ -107,10 +109,9 @@ TEST(Float8Cast, SaturatesAtLargestAndKeepsNaN) {
       x[3][0] = std::numeric_limits<float>::quiet_NaN();
       x[4][0] = 1;
       const auto scale = torch::full({}, 4.0f, torch::TensorOptions().device(kGpu));
-      // Below the format's largest value: the clamp is the caller's, not the format's.
-      const float largest = format.largest / 2;
-      auto outputs = make_outputs(16, 32, format.dtype);
-      ddp::detail::cast_to_float8(x, {scale}, largest, outputs);
+      const float largest = format.largest;
+      auto outputs = make_outputs(16, 32, format.dtype, scale);
+      ddp::float8::cast_transpose(x, outputs);
       const auto data = outputs.data.to(torch::kFloat).cpu();
       EXPECT_EQ(data[0][0].item<float>(), largest) << what;
       EXPECT_EQ(data[1][0].item<float>(), -largest) << what;
@@ -126,20 +127,23 @@ TEST(Float8Cast, SaturatesAtLargestAndKeepsNaN) {
 TEST(Float8Cast, WritesOnlyWhatIsAskedFor) {
   const auto x = make_input(64, 64, torch::kBFloat16);
   const auto scale = torch::ones({}, torch::TensorOptions().device(kGpu));
-  ddp::detail::Float8CastOutputs outputs;
+  ddp::Float8Tensor outputs;
   outputs.data = torch::empty({64, 64}, torch::TensorOptions().device(kGpu).dtype(torch::kFloat8_e4m3fn));
-  ddp::detail::cast_to_float8(x, {scale}, 448.0f, outputs);
+  outputs.scale = scale;
+  ddp::float8::cast_transpose(x, outputs);
   expect_same_bytes(outputs.data, (x.to(torch::kFloat) * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn), "data");
   EXPECT_FALSE(outputs.transposed.defined());
   EXPECT_FALSE(outputs.amax.defined());
-  EXPECT_FALSE(outputs.inverse_scale.defined());
+  // What at::_scaled_mm needs is always written.
+  expect_same_bytes(outputs.inverse_scale, scale.reciprocal(), "inverse scale");
 
   // Only the transpose (an output gradient when no input gradient is needed).
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{64, 64}, {37, 29}}) {
     const auto y = make_input(rows, cols, torch::kBFloat16);
-    ddp::detail::Float8CastOutputs transposed_only;
+    ddp::Float8Tensor transposed_only;
     transposed_only.transposed = torch::empty({cols, rows}, torch::TensorOptions().device(kGpu).dtype(torch::kFloat8_e5m2));
-    ddp::detail::cast_to_float8(y, {scale}, 57344.0f, transposed_only);
+    transposed_only.scale = scale;
+    ddp::float8::cast_transpose(y, transposed_only);
     expect_same_bytes(transposed_only.transposed,
                       (y.to(torch::kFloat) * scale).clamp(-57344, 57344).to(torch::kFloat8_e5m2).t().contiguous(),
                       "transposed only, " + std::to_string(rows) + "x" + std::to_string(cols));
@@ -151,15 +155,16 @@ TEST(Float8Cast, AmaxAccumulatesAcrossCasts) {
   const auto scale = torch::ones({}, torch::TensorOptions().device(kGpu));
   const auto small = torch::full({32, 32}, 2.0f, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
   const auto large = torch::full({32, 32}, -5.0f, torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16));
-  auto outputs = make_outputs(32, 32, torch::kFloat8_e4m3fn);
-  ddp::detail::cast_to_float8(large, {scale}, 448.0f, outputs);
-  ddp::detail::cast_to_float8(small, {scale}, 448.0f, outputs);
+  auto outputs = make_outputs(32, 32, torch::kFloat8_e4m3fn, scale);
+  ddp::float8::cast_transpose(large, outputs);
+  ddp::float8::cast_transpose(small, outputs);
   EXPECT_EQ(outputs.amax.item<float>(), 5.0f);
 }
 
-/// Current scaling: the kernel forms largest / amax (and its inverse) as
-/// ATen's ops do, bit for bit, an all-zero tensor's amax being raised to the
-/// minimum instead of giving an infinite scale.
+/// Current scaling (a cast given the amax and no scale): the kernel forms
+/// largest / amax, writes it and its inverse as ATen's ops form them, bit for
+/// bit, an all-zero tensor's amax being raised to the minimum instead of
+/// giving an infinite scale; the amax it was given stays as it was.
 TEST(Float8Cast, ScaleFromAmaxMatchesTheUnfusedArithmetic) {
   torch::manual_seed(1);
   for (const auto& format : kFormats) {
@@ -169,11 +174,14 @@ TEST(Float8Cast, ScaleFromAmaxMatchesTheUnfusedArithmetic) {
                           : make_input(96, 160, torch::kBFloat16);
       const auto amax = x.abs().max().to(torch::kFloat);
       const auto scale = format.largest / amax.clamp_min(ddp::detail::kFloat8MinAmax);
-      auto outputs = make_outputs(96, 160, format.dtype);
-      ddp::detail::cast_to_float8(x, {amax, /*from_amax=*/true}, format.largest, outputs);
+      auto outputs = make_outputs(96, 160, format.dtype, torch::Tensor());
+      outputs.amax = amax.clone();
+      ddp::float8::cast_transpose(x, outputs);
       expect_same_bytes(outputs.data, (x.to(torch::kFloat) * scale).clamp(-format.largest, format.largest).to(format.dtype),
                         what + ", data");
+      expect_same_bytes(outputs.scale, scale, what + ", scale");
       expect_same_bytes(outputs.inverse_scale, scale.reciprocal(), what + ", inverse scale");
+      expect_same_bytes(outputs.amax, amax, what + ", amax left as given");
     }
   }
 }

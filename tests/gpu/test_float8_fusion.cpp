@@ -1,4 +1,4 @@
-// FP8 casts written by another kernel (precision/float8_fusion.h): a
+// FP8 casts written by another kernel (float8/linear_state.h): a
 // Float8Linear handed the placeholder of an offered cast computes what it
 // computes from the tensor itself, forward and backward, and anything else
 // handed to it in the placeholder's place is an error. The "other kernel"
@@ -12,20 +12,20 @@
 
 #include <ddp/ddp.h>
 
-#include "precision/float8_cast.h"
-#include "precision/float8_fusion.h"
+#include "float8/linear_state.h"
 
 namespace {
 
 const torch::Device kGpu(torch::kCUDA, 0);
+using Access = ddp::detail::Float8LinearAccess;
 
 ddp::Float8Options delayed() { return ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4); }
 
 /// Casts `tensor` as a fused kernel would, and returns the placeholder.
 torch::Tensor offer_cast_of(const torch::Tensor& tensor, ddp::detail::TensorScaling& scaling) {
   const auto rows = tensor.reshape({-1, tensor.size(-1)}).contiguous();
-  const ddp::detail::Float8Destination destination = scaling.destination(rows.size(0), rows.size(1));
-  ddp::detail::cast_to_float8(rows, destination.scale, destination.largest, destination.outputs);
+  ddp::Float8Tensor destination = scaling.destination(rows.size(0), rows.size(1));
+  ddp::float8::cast_transpose(rows, destination);
   return scaling.offer(destination, tensor.sizes(), tensor.scalar_type());
 }
 
@@ -63,7 +63,7 @@ TEST(Float8Fusion, OfferedCastsGiveWhatTheLayerComputesItself) {
     const auto expected = own(input);
     expected.backward(grad_output);
 
-    ddp::detail::TensorScaling* input_scaling = ddp::detail::fusable_input_scaling(*fused, kGpu);
+    ddp::detail::TensorScaling* input_scaling = Access::fusable_input_scaling(*fused, kGpu);
     ASSERT_NE(input_scaling, nullptr);
     const auto placeholder = offer_cast_of(input.detach(), *input_scaling);
     EXPECT_EQ(placeholder.sizes(), input.sizes());
@@ -71,7 +71,7 @@ TEST(Float8Fusion, OfferedCastsGiveWhatTheLayerComputesItself) {
     // The input's gradient goes to a leaf standing in for the placeholder.
     const auto placeholder_leaf = placeholder.detach().requires_grad_();
     auto output = fused(placeholder_leaf);
-    ddp::detail::TensorScaling* grad_scaling = ddp::detail::fusable_grad_output_scaling(*fused);
+    ddp::detail::TensorScaling* grad_scaling = Access::fusable_grad_output_scaling(*fused);
     ASSERT_NE(grad_scaling, nullptr);
     output = OfferGradientCast::apply(output, grad_scaling);
     output.backward(grad_output);
@@ -94,7 +94,7 @@ TEST(Float8Fusion, ALayerGivenAnotherTensorThanTheOfferedOneRefuses) {
   ddp::Float8Linear layer(torch::nn::LinearOptions(64, 32).bias(false), delayed());
   layer->to(kGpu);
   const auto input = torch::randn({16, 64}, bf16);
-  ddp::detail::TensorScaling* scaling = ddp::detail::fusable_input_scaling(*layer, kGpu);
+  ddp::detail::TensorScaling* scaling = Access::fusable_input_scaling(*layer, kGpu);
   ASSERT_NE(scaling, nullptr);
   const auto placeholder = offer_cast_of(input, *scaling);
   EXPECT_EQ(placeholder.sizes(), input.sizes());
@@ -115,12 +115,12 @@ TEST(Float8Fusion, OnlyDelayedScalingIsFusable) {
   ddp::Float8Linear off(torch::nn::LinearOptions(64, 32), delayed().enabled(false));
   current->to(kGpu);
   off->to(kGpu);
-  EXPECT_EQ(ddp::detail::fusable_input_scaling(*current, kGpu), nullptr) << "current scaling";
-  EXPECT_EQ(ddp::detail::fusable_input_scaling(*off, kGpu), nullptr) << "FP8 off";
+  EXPECT_EQ(Access::fusable_input_scaling(*current, kGpu), nullptr) << "current scaling";
+  EXPECT_EQ(Access::fusable_input_scaling(*off, kGpu), nullptr) << "FP8 off";
   ddp::Float8Linear fresh(torch::nn::LinearOptions(64, 32), delayed());
   fresh->to(kGpu);
-  EXPECT_EQ(ddp::detail::fusable_grad_output_scaling(*fresh), nullptr) << "before the first forward";
-  EXPECT_NE(ddp::detail::fusable_input_scaling(*fresh, kGpu), nullptr) << "makes the state";
+  EXPECT_EQ(Access::fusable_grad_output_scaling(*fresh), nullptr) << "before the first forward";
+  EXPECT_NE(Access::fusable_input_scaling(*fresh, kGpu), nullptr) << "makes the state";
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 #include "fused_kernels.h"
 #include "fused_ops.h"
 #include "llama_model.h"
-#include "precision/float8_cast.h"
 #include "support/relative_error.h"
 
 namespace {
@@ -213,127 +212,6 @@ TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
   for (std::size_t i = 0; i < grads[0].size(); ++i) worst = std::max(worst, relative_error(grads[1][i], grads[0][i]));
   std::printf("decoder: largest gradient relative error %.3g over %zu parameters\n", worst, grads[0].size());
   EXPECT_LT(worst, 5e-2);
-}
-
-/// Both as bytes, equal.
-void expect_same_bytes(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const auto bytes = [](const torch::Tensor& t) { return t.contiguous().view(-1).view(torch::kByte); };
-  const auto differ = bytes(actual).ne(bytes(expected));
-  EXPECT_EQ(differ.sum().item<int64_t>(), 0) << what << ": bytes differ";
-}
-
-/// A destination as TensorScaling::destination makes it, with its own amax.
-ddp::detail::Float8Destination destination(int64_t rows, int64_t cols, torch::ScalarType float8, float largest,
-                                           float scale) {
-  const auto options = torch::TensorOptions().device(kGpu);
-  ddp::detail::Float8Destination d;
-  d.outputs.data = torch::empty({rows, cols}, options.dtype(float8));
-  d.outputs.transposed = torch::empty({cols, rows}, options.dtype(float8));
-  d.outputs.amax = torch::zeros({}, options);
-  d.outputs.inverse_scale = torch::empty({}, options);
-  d.scale = ddp::detail::Float8CastScale{torch::full({}, scale, options), /*from_amax=*/false};
-  d.largest = largest;
-  return d;
-}
-
-/// The cast of `values` (fp32) into a fresh destination like `like`.
-ddp::detail::Float8Destination cast_like(const torch::Tensor& values, const ddp::detail::Float8Destination& like) {
-  ddp::detail::Float8Destination d = destination(values.size(0), values.size(1), like.outputs.data.scalar_type(),
-                                                 like.largest, like.scale.value.item<float>());
-  ddp::detail::cast_to_float8(values, d.scale, d.largest, d.outputs);
-  return d;
-}
-
-void expect_same_cast(const ddp::detail::Float8Destination& actual, const ddp::detail::Float8Destination& expected,
-                      const std::string& what) {
-  expect_same_bytes(actual.outputs.data, expected.outputs.data, what + " data");
-  expect_same_bytes(actual.outputs.transposed, expected.outputs.transposed, what + " transposed");
-  EXPECT_EQ(actual.outputs.amax.item<float>(), expected.outputs.amax.item<float>()) << what << " amax";
-  EXPECT_EQ(actual.outputs.inverse_scale.item<float>(), expected.outputs.inverse_scale.item<float>()) << what;
-}
-
-/// SwiGLU written straight into FP8 equals, byte for byte, the FP8 cast of
-/// the fp32 SwiGLU: the fused kernel rounds once, where the unfused path
-/// rounds to bf16 first. The fp32 SwiGLU is the bf16 kernel's own
-/// arithmetic on exact fp32 copies of the inputs.
-TEST(LlamaFusedOps, SwigluInFloat8IsTheCastOfTheFp32Swiglu) {
-  const std::pair<int64_t, int64_t> shapes[] = {{256, 704}, {48, 80}, {37, 29}};
-  for (const auto& [rows, cols] : shapes) {
-    const std::string at = std::to_string(rows) + " x " + std::to_string(cols);
-    torch::manual_seed(13);
-    const auto options = torch::TensorOptions().device(kGpu);
-    const auto gate = (3 * torch::randn({rows, cols}, options)).to(torch::kBFloat16);
-    const auto up = torch::randn({rows, cols}, options).to(torch::kBFloat16);
-    const auto grad_y = (1e-3 * torch::randn({rows, cols}, options)).to(torch::kBFloat16);
-
-    const auto y = destination(rows, cols, torch::kFloat8_e4m3fn, 448.0f, 37.5f);
-    llama::kernels::swiglu_forward_float8(gate, up, y);
-    const auto y32 = llama::kernels::swiglu_forward(gate.to(torch::kFloat), up.to(torch::kFloat));
-    expect_same_cast(y, cast_like(y32, y), at + " forward");
-
-    const auto grad_gate = destination(rows, cols, torch::kFloat8_e5m2, 57344.0f, 3.0e5f);
-    const auto grad_up = destination(rows, cols, torch::kFloat8_e5m2, 57344.0f, 1.5e5f);
-    llama::kernels::swiglu_backward_float8(grad_y, gate, up, grad_gate, grad_up);
-    const auto [grad_gate32, grad_up32] = llama::kernels::swiglu_backward(
-        grad_y.to(torch::kFloat), gate.to(torch::kFloat), up.to(torch::kFloat));
-    expect_same_cast(grad_gate, cast_like(grad_gate32, grad_gate), at + " gradient of gate");
-    expect_same_cast(grad_up, cast_like(grad_up32, grad_up), at + " gradient of up");
-  }
-}
-
-/// The feed-forward with FP8 delayed scaling: swiglu_down with the fused
-/// kernels (FP8 written by SwiGLU, forward and backward) against the same
-/// layers casting a bf16 SwiGLU themselves, over a few steps: the two differ
-/// only where rounding to bf16 first moves a value across an FP8 rounding
-/// boundary. The gradient reaching the gate layer is the placeholder, so the
-/// backward really was fused.
-TEST(LlamaFusedOps, SwigluDownInFloat8MatchesTheLayersOwnCasts) {
-  const auto options = ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(8);
-  auto layer = [&](int64_t in, int64_t out) {
-    ddp::Float8Linear l(torch::nn::LinearOptions(in, out).bias(false), options);
-    l->to(kGpu);
-    return l;
-  };
-  torch::manual_seed(14);
-  ddp::Float8Linear w1[2] = {layer(256, 704), layer(256, 704)}, w3[2] = {layer(256, 704), layer(256, 704)},
-                    w2[2] = {layer(704, 256), layer(704, 256)};
-  {
-    torch::NoGradGuard no_grad;
-    w1[1]->weight.copy_(w1[0]->weight);
-    w3[1]->weight.copy_(w3[0]->weight);
-    w2[1]->weight.copy_(w2[0]->weight);
-  }
-  const auto bf16 = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
-  for (int step = 0; step < 3; ++step) {
-    const std::string at = "step " + std::to_string(step);
-    const auto x = torch::randn({4, 64, 256}, bf16);
-    const auto grad_output = 1e-2 * torch::randn({4, 64, 256}, bf16);
-    torch::Tensor outputs[2], grads[2];
-    int64_t gate_grad_stride[2] = {-1, -1};
-    for (const int fused : {0, 1}) {
-      const auto input = x.clone().requires_grad_();
-      const auto gate = w1[fused](input);
-      gate.register_hook([&, fused](const torch::Tensor& grad) { gate_grad_stride[fused] = grad.stride(0); });
-      outputs[fused] = llama::ops::swiglu_down(gate, w3[fused](input), *w2[fused], *w1[fused], *w3[fused], fused);
-      outputs[fused].backward(grad_output);
-      grads[fused] = input.grad();
-    }
-    EXPECT_EQ(gate_grad_stride[1], 0) << at << ": the gate layer got a placeholder gradient";
-    EXPECT_GT(gate_grad_stride[0], 0) << at;
-    const double output_error = relative_error(outputs[1], outputs[0]);
-    const double grad_error = relative_error(grads[1], grads[0]);
-    std::printf("swiglu_down fp8 %s: output relative error %.3g, input gradient %.3g\n", at.c_str(), output_error,
-                grad_error);
-    EXPECT_LT(output_error, 5e-2) << at;
-    EXPECT_LT(grad_error, 5e-2) << at;
-    for (auto* pair : {&w1, &w2, &w3}) {
-      const double error = relative_error((*pair)[1]->weight.grad(), (*pair)[0]->weight.grad());
-      EXPECT_LT(error, 5e-2) << at << ": weight gradient";
-      (*pair)[0]->zero_grad();
-      (*pair)[1]->zero_grad();
-    }
-  }
 }
 
 }  // namespace

@@ -1,5 +1,3 @@
-#include "precision/float8_cast.h"
-
 #include <algorithm>
 #include <cstdint>
 
@@ -9,7 +7,9 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/warp_reduce.cuh"
-#include "precision/float8_tile.cuh"
+#include "float8/kernels.h"
+#include "float8/scaling.h"
+#include "float8/tile.cuh"
 
 namespace ddp::detail {
 namespace {
@@ -18,11 +18,6 @@ using float8_tiles::abs_bits;
 using float8_tiles::at_least_min_amax;
 using float8_tiles::check_scalar;
 
-/// The plain cast: each output value is its input value.
-struct Identity {
-  __device__ __forceinline__ void operator()(const float (&x)[1], float (&y)[1]) const { y[0] = x[0]; }
-};
-
 constexpr int kHistoryThreads = 256;
 // Histories per launch: their pointers travel as a kernel parameter, which
 // stays within the 4 KiB every CUDA version accepts.
@@ -30,7 +25,7 @@ constexpr int kHistoriesPerLaunch = 64;
 
 struct HistoryPointers {
   float* history;
-  float* amax;  // null: only the scale is recomputed
+  float* amax;  // the pending amax; null: only the scale is recomputed
   float* scale;
   int64_t length;
   float target;
@@ -48,12 +43,12 @@ __global__ void __launch_bounds__(kHistoryThreads)
     update_amax_histories_kernel(const HistoryBatch batch, const float* __restrict__ entered) {
   const HistoryPointers h = batch.histories[blockIdx.x];
   float* const history = h.history;
-  const bool shift = h.amax != nullptr || entered != nullptr;
+  const bool shift = h.amax != nullptr;
   __shared__ float newest;
   __shared__ int warp_max[kHistoryThreads / 32];
   if (threadIdx.x == 0 && shift) {
     newest = entered != nullptr ? entered[blockIdx.x] : *h.amax;
-    if (h.amax != nullptr) *h.amax = 0.0f;
+    *h.amax = 0.0f;
   }
   __syncthreads();
 
@@ -83,24 +78,25 @@ __global__ void __launch_bounds__(kHistoryThreads)
   }
 }
 
-
 }  // namespace
 
-void update_amax_histories(const std::vector<AmaxHistoryUpdate>& updates, const at::Tensor& entered) {
+void update_amax_histories(const std::vector<DelayedScalingState*>& states, bool enter_amaxes,
+                           const at::Tensor& entered) {
   const char* const what = "update_amax_histories: ";
-  if (updates.empty()) return;
-  const at::Tensor& first = updates.front().history;
-  for (const AmaxHistoryUpdate& update : updates) {
-    const at::Tensor& history = update.history;
+  if (states.empty()) return;
+  const at::Tensor& first = states.front()->amax_history;
+  for (const DelayedScalingState* state : states) {
+    const at::Tensor& history = state->amax_history;
     TORCH_CHECK(history.is_cuda() && history.device() == first.device() && history.dim() == 1 && history.numel() > 0 &&
                     history.is_contiguous() && history.scalar_type() == at::kFloat,
                 what, "every history must be a non-empty contiguous 1-D fp32 tensor on ", first.device(), ", got ",
                 history.sizes(), " ", history.scalar_type(), " on ", history.device());
-    check_scalar(update.scale, history, what, "scale");
-    if (update.amax.defined()) check_scalar(update.amax, history, what, "amax");
+    check_scalar(state->scale, history, what, "scale");
+    check_scalar(state->pending_amax, history, what, "amax");
   }
-  const int64_t count = static_cast<int64_t>(updates.size());
+  const int64_t count = static_cast<int64_t>(states.size());
   if (entered.defined()) {
+    TORCH_CHECK(enter_amaxes, what, "amaxes to enter were given, but enter_amaxes is off");
     TORCH_CHECK(entered.device() == first.device() && entered.dim() == 1 && entered.numel() == count &&
                     entered.is_contiguous() && entered.scalar_type() == at::kFloat,
                 what, "entered must be a contiguous [", count, "] fp32 tensor on ", first.device(), ", got ",
@@ -112,20 +108,18 @@ void update_amax_histories(const std::vector<AmaxHistoryUpdate>& updates, const 
     const int64_t blocks = std::min<int64_t>(kHistoriesPerLaunch, count - start);
     HistoryBatch batch{};
     for (int64_t b = 0; b < blocks; ++b) {
-      const AmaxHistoryUpdate& update = updates[start + b];
-      batch.histories[b] = {update.history.data_ptr<float>(),
-                            update.amax.defined() ? update.amax.data_ptr<float>() : nullptr,
-                            update.scale.data_ptr<float>(), update.history.numel(), update.target, update.use_max};
+      DelayedScalingState& state = *states[start + b];
+      batch.histories[b] = {state.amax_history.data_ptr<float>(),
+                            enter_amaxes ? state.pending_amax.data_ptr<float>() : nullptr,
+                            state.scale.data_ptr<float>(),
+                            state.amax_history.numel(),
+                            state.scale_target,
+                            state.use_max};
     }
     update_amax_histories_kernel<<<static_cast<unsigned>(blocks), kHistoryThreads, 0, stream>>>(
         batch, entered.defined() ? entered.data_ptr<float>() + start : nullptr);
     DDP_CUDA_CHECK_LAUNCH("update_amax_histories_kernel");
   }
-}
-
-void cast_to_float8(const at::Tensor& input, const Float8CastScale& scale, float largest,
-                    const Float8CastOutputs& outputs) {
-  float8_tiles::launch_float8_tiles<1, 1>("cast_to_float8: ", {input}, {scale}, largest, {outputs}, Identity{});
 }
 
 }  // namespace ddp::detail

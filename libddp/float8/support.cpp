@@ -1,4 +1,4 @@
-#include "precision/float8_support.h"
+#include "float8/support.h"
 
 #include <fmt/format.h>
 
@@ -17,9 +17,10 @@ namespace ddp::detail {
 void check_float8_supported(c10::Device device) {
 #if !DDP_TORCH_HAS_SCALED_MM
   (void)device;
-  throw UsageError(fmt::format("fp8 needs LibTorch >= 2.4 (for at::_scaled_mm); this libddp was built against "
-                               "LibTorch {}. Use bf16, or rebuild against a newer LibTorch",
-                               TORCH_VERSION));
+  throw UsageError(
+      fmt::format("fp8 needs LibTorch >= 2.4 (for at::_scaled_mm); this libddp was built against "
+                  "LibTorch {}. Use bf16, or rebuild against a newer LibTorch",
+                  TORCH_VERSION));
 #else
   if (!device.is_cuda()) {
     throw UsageError(fmt::format("fp8 matmuls need a CUDA GPU, got device {}; use bf16 on the CPU", device.str()));
@@ -31,9 +32,10 @@ void check_float8_supported(c10::Device device) {
   DDP_CUDA_CHECK(cudaGetDeviceProperties(&properties, index));
   const int capability = properties.major * 10 + properties.minor;
   if (capability < 89) {
-    throw UsageError(fmt::format("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
-                                 "GPU {} ({}) is sm_{}. Use bf16 on this GPU",
-                                 index, properties.name, capability));
+    throw UsageError(
+        fmt::format("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper, Blackwell); "
+                    "GPU {} ({}) is sm_{}. Use bf16 on this GPU",
+                    index, properties.name, capability));
   }
 #else
   throw UsageError("fp8 needs libddp built with CUDA; this build has none");

@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 #include <torch/nn/modules/linear.h>
 
-#include "precision/float8_scaling.h"
-#include "precision/float8_support.h"
+#include "float8/linear_state.h"
+#include "float8/support.h"
 
 namespace ddp::float8 {
 
@@ -36,8 +36,8 @@ Report enable_float8(torch::nn::Module& model, const Float8Options& options, con
       }
       const auto& shape = layer->options;
       if (shape.in_features() % 16 != 0 || shape.out_features() % 16 != 0) {
-        report.skipped.emplace_back(path, fmt::format("features {} -> {} are not multiples of 16",
-                                                      shape.in_features(), shape.out_features()));
+        report.skipped.emplace_back(
+            path, fmt::format("features {} -> {} are not multiples of 16", shape.in_features(), shape.out_features()));
         continue;
       }
       // A GPU layer is checked now; one still on the CPU when it first runs.
@@ -47,8 +47,9 @@ Report enable_float8(torch::nn::Module& model, const Float8Options& options, con
       layer->set_float8_enabled(true);
       report.converted.push_back(path);
     } else if (dynamic_cast<torch::nn::LinearImpl*>(module) != nullptr) {
-      report.skipped.emplace_back(path, "a torch::nn::Linear; declare it as ddp::Float8Linear (same parameters and "
-                                        "state_dict keys) to let it run in FP8");
+      report.skipped.emplace_back(path,
+                                  "a torch::nn::Linear; declare it as ddp::Float8Linear (same parameters and "
+                                  "state_dict keys) to let it run in FP8");
     }
   }
   return report;
@@ -61,7 +62,7 @@ void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group) {
   std::unordered_set<detail::Float8LinearState*> seen;
   for (const auto& [path, module] : modules_with_paths(model)) {
     auto* layer = dynamic_cast<Float8LinearImpl*>(module);
-    detail::Float8LinearState* state = layer != nullptr ? detail::float8_state(*layer) : nullptr;
+    detail::Float8LinearState* state = layer != nullptr ? detail::Float8LinearAccess::state(*layer) : nullptr;
     if (state == nullptr || !state->input.delayed() || !seen.insert(state).second) continue;
     const auto layer_scalings = state->scalings();
     scalings.insert(scalings.end(), layer_scalings.begin(), layer_scalings.end());

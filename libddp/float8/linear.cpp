@@ -13,10 +13,10 @@
 #include <ddp/errors.h>
 
 #include "compat/torch_compat.h"
-#include "precision/float8_fusion.h"
-#include "precision/float8_input_sharing.h"
-#include "precision/float8_scaling.h"
-#include "precision/float8_support.h"
+#include "float8/input_sharing.h"
+#include "float8/linear_state.h"
+#include "float8/scaling.h"
+#include "float8/support.h"
 
 namespace ddp {
 namespace detail {
@@ -54,11 +54,25 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, con
 
 /// x [..., K] as the matrix [M, K]: data row-major is y's first operand;
 /// transposed [K, M] is x column-major, the second operand of dW = dY^T x.
+/// The cast a fused kernel wrote for `input` (TensorScaling::offer), or the
+/// one the layer shares with others, or its own.
 Float8Tensor cast_input(const at::Tensor& input, Float8LinearState* state, SharedInputCast* shared_input,
                         bool with_transposed) {
+  if (std::optional<Float8Tensor> offered = state->input.take_offered(input, "input")) return *std::move(offered);
   const at::Tensor rows = input.reshape({-1, input.size(-1)}).contiguous();
   return shared_input != nullptr ? shared_input->cast(state, input, rows, state->input, with_transposed)
                                  : state->input.cast(rows, with_transposed);
+}
+
+/// dY [..., N] as the matrix [M, N]: data row-major is the first operand of
+/// dX = dY W; transposed [N, M] is dY^T row-major, the first operand of
+/// dW = dY^T x. The cast a fused kernel wrote for it, or the layer's own.
+Float8Tensor cast_grad_output(const at::Tensor& grad_output, TensorScaling& scaling, int64_t out_features,
+                              bool with_transposed, bool with_data) {
+  if (std::optional<Float8Tensor> offered = scaling.take_offered(grad_output, "output gradient")) {
+    return *std::move(offered);
+  }
+  return scaling.cast(grad_output.reshape({-1, out_features}).contiguous(), with_transposed, with_data);
 }
 
 /// y = x W^T with x and W in E4M3; backward with the output gradient in
@@ -77,11 +91,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
                             const at::Tensor& weight, Float8LinearState* state, SharedInputCast* shared_input,
                             bool fast_accumulation, bool input_needs_grad, bool weight_needs_grad) {
-    // A fused kernel may have written the cast already (float8_fusion.h);
-    // then `input` holds no values.
-    std::optional<Float8Tensor> offered = state->input.take_offered(input, "input");
-    const Float8Tensor input8 =
-        offered ? *std::move(offered) : cast_input(input, state, shared_input, weight_needs_grad);
+    const Float8Tensor input8 = cast_input(input, state, shared_input, /*with_transposed=*/weight_needs_grad);
     // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
     // transposed [K, N] is W column-major, the second operand of dX = dY W.
     const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);
@@ -114,15 +124,10 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     const auto weight_dtype = static_cast<c10::ScalarType>(context->saved_data["weight_dtype"].toInt());
     const int64_t out_features = context->saved_data["out_features"].toInt();
 
-    // dY [M, N]: data row-major is the first operand of dX = dY W; transposed
-    // [N, M] is dY^T row-major, the first operand of dW = dY^T x.
     TensorScaling grad_scaling = TensorScaling::load_from(context, "grad_output.");
-    // A fused kernel may have written the cast already; then the gradient holds no values.
-    std::optional<Float8Tensor> offered = grad_scaling.take_offered(grad_outputs[0], "output gradient");
     const Float8Tensor grad8 =
-        offered ? *std::move(offered)
-                : grad_scaling.cast(grad_outputs[0].reshape({-1, out_features}).contiguous(),
-                                    /*with_transposed=*/input_t.defined(), /*with_data=*/weight_t.defined());
+        cast_grad_output(grad_outputs[0], grad_scaling, out_features,
+                         /*with_transposed=*/input_t.defined(), /*with_data=*/weight_t.defined());
 
     at::Tensor grad_input;
     if (weight_t.defined()) {
@@ -186,9 +191,10 @@ void Float8LinearImpl::set_float8_enabled(bool enabled) {
   if (enabled) {
     for (const int64_t features : {options.in_features(), options.out_features()}) {
       if (features % 16 != 0) {
-        throw UsageError(fmt::format("Float8Linear({}, {}): FP8 matmuls need feature counts that are multiples of "
-                                     "16; keep this layer in bf16",
-                                     options.in_features(), options.out_features()));
+        throw UsageError(
+            fmt::format("Float8Linear({}, {}): FP8 matmuls need feature counts that are multiples of "
+                        "16; keep this layer in bf16",
+                        options.in_features(), options.out_features()));
       }
     }
   }
@@ -199,14 +205,14 @@ void Float8LinearImpl::set_float8_enabled(bool enabled) {
 at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   if (!float8_enabled()) return torch::nn::functional::linear(input, weight, bias);
 #if DDP_TORCH_HAS_SCALED_MM
-  detail::float8_state_on(*this, input.device());
+  detail::Float8LinearAccess::state_on(*this, input.device());
   const int64_t rows = input.numel() / std::max<int64_t>(1, options.in_features());
   if (input.size(-1) != options.in_features() || rows % 16 != 0) {
-    throw UsageError(fmt::format("Float8Linear({}, {}): input of shape {} does not fit: the last dimension must be "
-                                 "{} and the rows ({}) a multiple of 16 for FP8 matmuls; pad the batch or keep this "
-                                 "layer in bf16",
-                                 options.in_features(), options.out_features(), c10::str(input.sizes()),
-                                 options.in_features(), rows));
+    throw UsageError(fmt::format(
+        "Float8Linear({}, {}): input of shape {} does not fit: the last dimension must be "
+        "{} and the rows ({}) a multiple of 16 for FP8 matmuls; pad the batch or keep this "
+        "layer in bf16",
+        options.in_features(), options.out_features(), c10::str(input.sizes()), options.in_features(), rows));
   }
   if (rows == 0) {
     // Nothing to cast or multiply, and at::_scaled_mm is not asked to take
@@ -217,10 +223,9 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
   }
   // Decided here: inside the function grad mode is off.
   const bool grad = at::GradMode::is_enabled();
-  const at::Tensor output =
-      detail::Float8LinearFunction::apply(input, weight, state_.get(), shared_input_.get(),
-                                          float8_options.fast_accumulation_forward(), grad && input.requires_grad(),
-                                          grad && weight.requires_grad());
+  const at::Tensor output = detail::Float8LinearFunction::apply(
+      input, weight, state_.get(), shared_input_.get(), float8_options.fast_accumulation_forward(),
+      grad && input.requires_grad(), grad && weight.requires_grad());
   return bias.defined() ? output + bias.to(output.scalar_type()) : output;
 #else
   detail::check_float8_supported(input.device());  // throws: this LibTorch has no FP8 matmul
@@ -228,9 +233,11 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
 #endif
 }
 
-detail::Float8LinearState* detail::float8_state(Float8LinearImpl& layer) { return layer.state_.get(); }
+namespace detail {
 
-detail::Float8LinearState* detail::float8_state_on(Float8LinearImpl& layer, const c10::Device& device) {
+Float8LinearState* Float8LinearAccess::state(Float8LinearImpl& layer) { return layer.state_.get(); }
+
+Float8LinearState* Float8LinearAccess::state_on(Float8LinearImpl& layer, const c10::Device& device) {
   if (!layer.float8_enabled()) return nullptr;
   if (!layer.state_) {
     layer.state_ = make_float8_state(layer.float8_options, device);
@@ -241,19 +248,21 @@ detail::Float8LinearState* detail::float8_state_on(Float8LinearImpl& layer, cons
   return layer.state_.get();
 }
 
-detail::TensorScaling* detail::fusable_input_scaling(Float8LinearImpl& layer, const c10::Device& device) {
-  Float8LinearState* state = float8_state_on(layer, device);
-  return state != nullptr && state->input.delayed() ? &state->input : nullptr;
-}
-
-detail::TensorScaling* detail::fusable_grad_output_scaling(Float8LinearImpl& layer) {
-  Float8LinearState* state = float8_state(layer);
-  return state != nullptr && state->grad_output.delayed() ? &state->grad_output : nullptr;
-}
-
-std::shared_ptr<detail::SharedInputCast>& detail::shared_input_cast(Float8LinearImpl& layer) {
+std::shared_ptr<SharedInputCast>& Float8LinearAccess::shared_input(Float8LinearImpl& layer) {
   return layer.shared_input_;
 }
+
+TensorScaling* Float8LinearAccess::fusable_input_scaling(Float8LinearImpl& layer, const c10::Device& device) {
+  Float8LinearState* layer_state = state_on(layer, device);
+  return layer_state != nullptr && layer_state->input.delayed() ? &layer_state->input : nullptr;
+}
+
+TensorScaling* Float8LinearAccess::fusable_grad_output_scaling(Float8LinearImpl& layer) {
+  Float8LinearState* layer_state = state(layer);
+  return layer_state != nullptr && layer_state->grad_output.delayed() ? &layer_state->grad_output : nullptr;
+}
+
+}  // namespace detail
 
 std::vector<at::Tensor> Float8LinearImpl::latest_amaxes() {
   if (!state_ || !state_->input.delayed()) return {};
@@ -287,8 +296,9 @@ void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
   torch::serialize::InputArchive scaling;
   if (!archive.try_read("float8_scaling", scaling)) return;  // a plain Linear's checkpoint
   if (float8_options.scaling() != Float8Scaling::kDelayed) {
-    throw UsageError("Float8Linear: the checkpoint holds delayed-scaling state but this layer uses current "
-                     "scaling; construct it with Float8Options().scaling(ddp::Float8Scaling::kDelayed)");
+    throw UsageError(
+        "Float8Linear: the checkpoint holds delayed-scaling state but this layer uses current "
+        "scaling; construct it with Float8Options().scaling(ddp::Float8Scaling::kDelayed)");
   }
   if (!state_) state_ = detail::make_float8_state(float8_options, weight.device(), /*check_device=*/false);
   for (auto [name, tensor_scaling] : {std::pair{"input", &state_->input}, std::pair{"weight", &state_->weight},
@@ -298,9 +308,10 @@ void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
     scaling.read(std::string(name) + ".amax_history", history, /*is_buffer=*/true);
     scaling.read(std::string(name) + ".scale", scale, /*is_buffer=*/true);
     if (history.sizes() != tensor_scaling->amax_history().sizes()) {
-      throw UsageError(fmt::format("Float8Linear: the checkpoint's amax history has {} entries, this layer's {}; "
-                                   "use the same amax_history_len",
-                                   history.numel(), tensor_scaling->amax_history().numel()));
+      throw UsageError(
+          fmt::format("Float8Linear: the checkpoint's amax history has {} entries, this layer's {}; "
+                      "use the same amax_history_len",
+                      history.numel(), tensor_scaling->amax_history().numel()));
     }
     tensor_scaling->commit_pending_amax();  // so that no amax from before the load enters the loaded history
     tensor_scaling->amax_history().copy_(history);

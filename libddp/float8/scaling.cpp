@@ -1,4 +1,4 @@
-#include "precision/float8_scaling.h"
+#include "float8/scaling.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,18 +10,29 @@
 #include <ddp/errors.h>
 
 #include "compat/torch_compat.h"
-#include "precision/float8_cast.h"
+#include "float8/kernels.h"
 
-namespace ddp::detail {
-namespace {
+namespace ddp {
 
-double largest_finite(c10::ScalarType float8_dtype) {
+#ifndef DDP_WITH_CUDA_KERNELS
+void float8::cast_transpose(const at::Tensor&, Float8Tensor&) {
+  throw UsageError(
+      "ddp::float8::cast_transpose: this libddp was built without its CUDA kernels (they need "
+      "LibTorch >= 2.1 with CUDA); rebuild it against such a LibTorch");
+}
+#endif
+
+namespace detail {
+
+double float8_largest(c10::ScalarType float8_dtype) {
 #if DDP_TORCH_HAS_FLOAT8
   if (float8_dtype == at::kFloat8_e4m3fn) return 448.0;
   if (float8_dtype == at::kFloat8_e5m2) return 57344.0;
 #endif
   TORCH_CHECK(false, "Float8Linear: ", c10::toString(float8_dtype), " is not an FP8 dtype");
 }
+
+namespace {
 
 /// max |tensor| as fp32: the inf-norm is one pass over the tensor. Taken in
 /// the tensor's own dtype (a maximum rounds nothing, and ATen refuses to
@@ -44,11 +55,13 @@ bool fits_cast_kernel(const at::Tensor& tensor) {
 /// product is formed in fp32, as the kernel forms it, so that both paths give
 /// the same bytes (a bf16 product would round twice); the conversion does
 /// not saturate (values past the range become NaN), hence the clamp.
-Float8Tensor convert_with_aten(const at::Tensor& tensor, const at::Tensor& scale, double largest,
-                               c10::ScalarType float8_dtype, bool with_transposed) {
+Float8Tensor convert_with_aten(const at::Tensor& tensor, const at::Tensor& scale, c10::ScalarType float8_dtype,
+                               bool with_transposed) {
+  const double largest = float8_largest(float8_dtype);
   Float8Tensor result;
   result.data = (tensor.to(at::kFloat) * scale).clamp(-largest, largest).to(float8_dtype);
   if (with_transposed) result.transposed = result.data.t().contiguous();
+  result.scale = scale;
   result.inverse_scale = scale.reciprocal();
   return result;
 }
@@ -64,16 +77,13 @@ TensorScaling::TensorScaling(const Float8Options& options, c10::ScalarType float
     // Until an amax is recorded the cast is unscaled, as in Transformer Engine.
     state_->scale = at::ones({}, fp32);
     state_->pending_amax = at::zeros({}, fp32);
+    state_->scale_target = static_cast<float>(float8_largest(float8_dtype) / std::ldexp(1.0, options.margin()));
+    state_->use_max = options.amax_compute() == AmaxCompute::kMax;
   }
-}
-
-double TensorScaling::scale_target() const {
-  return largest_finite(float8_dtype_) / std::ldexp(1.0, options_.margin());
 }
 
 Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed, bool with_data) {
   TORCH_CHECK(with_data || with_transposed, "TensorScaling::cast: asked for neither the data nor its transpose");
-  const double largest = largest_finite(float8_dtype_);
   // The scale of this cast comes from every earlier amax (values may exceed
   // the format's range: the cast saturates them); this cast's amax, taken
   // in the same pass, waits for the next commit.
@@ -85,54 +95,56 @@ Float8Tensor TensorScaling::cast(const at::Tensor& tensor, bool with_transposed,
     // the scale arithmetic is done in the kernels instead of 1-element ATen
     // kernels (about 12 launches per cast under delayed scaling).
     const at::Tensor input = tensor.contiguous();
-    Float8CastOutputs outputs;
+    Float8Tensor cast;
     const auto float8 = input.options().dtype(float8_dtype_);
-    if (with_data) outputs.data = at::empty(input.sizes(), float8);
-    if (with_transposed) outputs.transposed = at::empty({input.size(1), input.size(0)}, float8);
-    outputs.inverse_scale = at::empty({}, input.options().dtype(at::kFloat));
+    if (with_data) cast.data = at::empty(input.sizes(), float8);
+    if (with_transposed) cast.transposed = at::empty({input.size(1), input.size(0)}, float8);
     if (delayed()) {
-      outputs.amax = state_->pending_amax;
-      cast_to_float8(input, Float8CastScale{state_->scale, /*from_amax=*/false}, static_cast<float>(largest), outputs);
+      cast.amax = state_->pending_amax;
+      cast.scale = state_->scale;
       state_->amax_pending = true;
     } else {
       // The amax maps to the largest finite value, so it is needed before
       // the cast, in a pass of its own.
-      cast_to_float8(input, Float8CastScale{amax_of(input), /*from_amax=*/true}, static_cast<float>(largest),
-                     outputs);
+      cast.amax = amax_of(input);
     }
-    return Float8Tensor{outputs.data, outputs.transposed, outputs.inverse_scale};
+    float8::cast_transpose(input, cast);
+    return cast;
   }
 #endif
   if (!delayed()) {
-    return convert_with_aten(tensor, largest / amax_of(tensor).clamp_min(kFloat8MinAmax), largest, float8_dtype_,
-                             with_transposed);
+    const at::Tensor amax = amax_of(tensor);
+    Float8Tensor cast = convert_with_aten(tensor, float8_largest(float8_dtype_) / amax.clamp_min(kFloat8MinAmax),
+                                          float8_dtype_, with_transposed);
+    cast.amax = amax;
+    return cast;
   }
-  Float8Tensor result = convert_with_aten(tensor, state_->scale, largest, float8_dtype_, with_transposed);
+  Float8Tensor cast = convert_with_aten(tensor, state_->scale, float8_dtype_, with_transposed);
   state_->pending_amax.copy_(amax_of(tensor));
   state_->amax_pending = true;
-  return result;
+  cast.amax = state_->pending_amax;
+  return cast;
 }
 
-Float8Destination TensorScaling::destination(int64_t rows, int64_t cols) {
+Float8Tensor TensorScaling::destination(int64_t rows, int64_t cols) {
   TORCH_CHECK(delayed(), "TensorScaling::destination: a cast written by another kernel needs delayed scaling");
   commit_pending_amax();
   const auto float8 = state_->scale.options().dtype(float8_dtype_);
-  Float8Destination destination;
-  destination.outputs.data = at::empty({rows, cols}, float8);
-  destination.outputs.transposed = at::empty({cols, rows}, float8);
-  destination.outputs.amax = state_->pending_amax;
-  destination.outputs.inverse_scale = at::empty({}, state_->scale.options());
-  destination.scale = Float8CastScale{state_->scale, /*from_amax=*/false};
-  destination.largest = static_cast<float>(largest_finite(float8_dtype_));
+  Float8Tensor destination;
+  destination.data = at::empty({rows, cols}, float8);
+  destination.transposed = at::empty({cols, rows}, float8);
+  destination.amax = state_->pending_amax;
+  destination.scale = state_->scale;
+  destination.inverse_scale = at::empty({}, state_->scale.options());
   return destination;
 }
 
-at::Tensor TensorScaling::offer(const Float8Destination& written, at::IntArrayRef sizes, c10::ScalarType dtype) {
+at::Tensor TensorScaling::offer(const Float8Tensor& written, at::IntArrayRef sizes, c10::ScalarType dtype) {
   TORCH_CHECK(delayed(), "TensorScaling::offer: a cast written by another kernel needs delayed scaling");
   state_->amax_pending = true;
   const std::vector<int64_t> no_strides(sizes.size(), 0);
   state_->offered_for = at::empty_strided(sizes, no_strides, state_->scale.options().dtype(dtype));
-  state_->offered = Float8Tensor{written.outputs.data, written.outputs.transposed, written.outputs.inverse_scale};
+  state_->offered = written;
   return state_->offered_for;
 }
 
@@ -144,8 +156,11 @@ std::optional<Float8Tensor> TensorScaling::take_offered(const at::Tensor& tensor
   state_->offered = Float8Tensor{};
   if (tensor.data_ptr() != offered_for.data_ptr() || tensor.sizes() != offered_for.sizes()) {
     throw UsageError("Float8Linear: a fused kernel wrote the FP8 cast of this layer's " + std::string(role) +
-                     " and returned a tensor " + c10::str(offered_for.sizes()) + " that holds no values in its "
-                     "place, but the layer got another tensor " + c10::str(tensor.sizes()) + "; hand the layer "
+                     " and returned a tensor " + c10::str(offered_for.sizes()) +
+                     " that holds no values in its "
+                     "place, but the layer got another tensor " +
+                     c10::str(tensor.sizes()) +
+                     "; hand the layer "
                      "exactly what the fused op returned (a fused op feeds one layer directly)");
   }
   return offered;
@@ -166,65 +181,58 @@ void TensorScaling::refresh_scale() {
   commit_pending_amax();
 #ifdef DDP_WITH_CUDA_KERNELS
   if (state_->amax_history.is_cuda()) {
-    update_amax_histories({{state_->amax_history, /*amax=*/at::Tensor(), state_->scale,
-                            static_cast<float>(scale_target()), use_max()}});
+    update_amax_histories({state_.get()}, /*enter_amaxes=*/false);
     return;
   }
 #endif
-  update_history_with_aten(/*amax=*/at::Tensor());
+  update_history_with_aten(*state_, /*amax=*/at::Tensor());
 }
 
-void TensorScaling::update_history_with_aten(const at::Tensor& amax) {
-  at::Tensor& history = state_->amax_history;
+void TensorScaling::update_history_with_aten(DelayedScalingState& state, const at::Tensor& amax) {
+  at::Tensor& history = state.amax_history;
   if (amax.defined()) {
     history.copy_(history.roll(1));
     history.narrow(0, 0, 1).copy_(amax.reshape({1}));
   }
-  const at::Tensor history_amax = use_max() ? history.max() : history.select(0, 0);
+  const at::Tensor history_amax = state.use_max ? history.max() : history.select(0, 0);
   // A zero amax (nothing seen yet, or an all-zero tensor) keeps the old
   // scale, and so does an overflow: an infinite amax would zero the scale.
-  at::Tensor& scale = state_->scale;
+  at::Tensor& scale = state.scale;
   scale.copy_(at::where(history_amax.isfinite() & (history_amax > 0),
-                        scale_target() / history_amax.clamp_min(kFloat8MinAmax), scale));
+                        state.scale_target / history_amax.clamp_min(kFloat8MinAmax), scale));
 }
 
 void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& scalings, const at::Tensor& amaxes) {
-  std::vector<TensorScaling*> committed;
+  std::vector<DelayedScalingState*> committed;
   std::unordered_set<const DelayedScalingState*> states;
   for (TensorScaling* scaling : scalings) {
     if (!scaling->delayed()) continue;
     // Two blocks of one launch must never update the same history.
     TORCH_CHECK(states.insert(scaling->state_.get()).second,
                 "commit_pending_amaxes: the same delayed scaling is listed twice");
-    if (amaxes.defined() || scaling->state_->amax_pending) committed.push_back(scaling);
+    if (amaxes.defined() || scaling->state_->amax_pending) committed.push_back(scaling->state_.get());
   }
   TORCH_CHECK(!amaxes.defined() || amaxes.numel() == static_cast<int64_t>(committed.size()),
               "commit_pending_amaxes: ", amaxes.numel(), " amaxes for ", committed.size(), " delayed scalings");
   if (committed.empty()) return;
-  for (TensorScaling* scaling : committed) scaling->state_->amax_pending = false;
+  for (DelayedScalingState* state : committed) state->amax_pending = false;
 #ifdef DDP_WITH_CUDA_KERNELS
-  const c10::Device device = committed.front()->state_->amax_history.device();
-  const bool one_gpu = std::all_of(committed.begin(), committed.end(), [&](const TensorScaling* scaling) {
-    return scaling->state_->amax_history.device() == device;
+  const c10::Device device = committed.front()->amax_history.device();
+  const bool one_gpu = std::all_of(committed.begin(), committed.end(), [&](const DelayedScalingState* state) {
+    return state->amax_history.device() == device;
   });
   if (device.is_cuda() && one_gpu) {
-    std::vector<AmaxHistoryUpdate> updates;
-    updates.reserve(committed.size());
-    for (TensorScaling* scaling : committed) {
-      const DelayedScalingState& state = *scaling->state_;
-      updates.push_back({state.amax_history, state.pending_amax, state.scale,
-                         static_cast<float>(scaling->scale_target()), scaling->use_max()});
-    }
-    update_amax_histories(updates, amaxes.defined() ? amaxes.to(device, at::kFloat).contiguous() : at::Tensor());
+    update_amax_histories(committed, /*enter_amaxes=*/true,
+                          amaxes.defined() ? amaxes.to(device, at::kFloat).contiguous() : at::Tensor());
     return;
   }
 #endif
   for (std::size_t i = 0; i < committed.size(); ++i) {
-    DelayedScalingState& state = *committed[i]->state_;
+    DelayedScalingState& state = *committed[i];
     const at::Tensor amax =
         amaxes.defined() ? amaxes.select(0, static_cast<int64_t>(i)).to(at::kFloat) : state.pending_amax.clone();
     state.pending_amax.zero_();
-    committed[i]->update_history_with_aten(amax.to(state.amax_history.device()));
+    update_history_with_aten(state, amax.to(state.amax_history.device()));
   }
 }
 
@@ -259,4 +267,5 @@ TensorScaling TensorScaling::load_from(torch::autograd::AutogradContext* context
   return scaling;
 }
 
-}  // namespace ddp::detail
+}  // namespace detail
+}  // namespace ddp

@@ -12,7 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
-#include "precision/float8_scaling.h"
+#include "float8/scaling.h"
 
 namespace ddp::detail {
 

@@ -1,21 +1,21 @@
 #pragma once
 
-// The FP8 cast kernel of Float8Linear as a template over what it casts: a
-// functor turns the values of a few input tensors at one position into the
-// values of one or more outputs, and the kernel writes each output in FP8
-// (row-major, transposed, or both) with its amax, in one pass. With the
-// identity it is float8_cast.cu's cast; a kernel that computes a
-// Float8Linear's input or output gradient elementwise (SwiGLU, forward and
-// backward) instantiates it with its own arithmetic and so writes the FP8
-// tensors the matmuls read, instead of writing bf16 for a cast to read again.
+// The FP8 cast kernel as a template over what it casts: a functor turns the
+// values of a few input tensors at one position into the values of one or
+// more outputs, and the kernel writes each output as a Float8Tensor
+// (row-major, transposed, or both, with its amax) in one pass. With the
+// identity it is the plain cast (cast_transpose.cu); a kernel that computes a
+// Float8Linear's input or output gradient elementwise (SwiGLU, swiglu.cu)
+// instantiates it with its own arithmetic and so writes the FP8 tensors the
+// matmuls read, instead of writing bf16 for a cast to read again.
 //
-// Compiled by nvcc only (float8_cast.cu, and fused kernels outside libddp
-// that include it). Host-side callers use float8_cast.h.
+// Private to libddp's .cu files; host code uses float8/kernels.h.
 
 #include <algorithm>
 #include <cstdint>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -25,7 +25,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/warp_reduce.cuh"
-#include "precision/float8_cast.h"
+#include "float8/kernels.h"
 
 namespace ddp::detail::float8_tiles {
 
@@ -56,9 +56,7 @@ __device__ __forceinline__ float saturate(float x, float largest) {
 }
 
 /// ATen's clamp_min: a NaN amax stays NaN (fmaxf would replace it).
-__device__ __forceinline__ float at_least_min_amax(float amax) {
-  return amax < kFloat8MinAmax ? kFloat8MinAmax : amax;
-}
+__device__ __forceinline__ float at_least_min_amax(float amax) { return amax < kFloat8MinAmax ? kFloat8MinAmax : amax; }
 
 template <__nv_fp8_interpretation_t kFormat>
 __device__ __forceinline__ uint32_t to_float8x4(float a, float b, float c, float d) {
@@ -69,12 +67,15 @@ __device__ __forceinline__ uint32_t to_float8x4(float a, float b, float c, float
   return low | (high << 16);
 }
 
-/// Where one output of the kernel goes (see Float8CastOutputs and
-/// Float8CastScale; null pointers are not written).
+/// A Float8Tensor as the kernel sees it: null pointers are not written.
+/// scale_from_amax: `scale_source` is the amax, and the kernel writes the
+/// scale it takes from it to `scale`; otherwise `scale_source` is the scale
+/// and the output's amax is max-accumulated into `amax` (if not null).
 struct TileOutput {
   uint8_t* data;
   uint8_t* transposed;
   float* amax;
+  float* scale;
   float* inverse_scale;
   const float* scale_source;
   bool scale_from_amax;
@@ -99,9 +100,10 @@ struct TileArgs {
 /// shared memory, so that both the reads and the writes of the transposed
 /// copy are coalesced. With kAmax, max |y[o]| is max-accumulated into *amax.
 /// The scale is *scale_source, or largest / *scale_source if
-/// scale_from_amax; the first block writes its inverse to *inverse_scale.
-template <typename T, int kInputs, int kOutputs, typename Compute, __nv_fp8_interpretation_t kFormat,
-          bool kTransposed, bool kAmax>
+/// scale_from_amax; the first block writes its inverse to *inverse_scale
+/// (and, taken from the amax, the scale itself to *scale).
+template <typename T, int kInputs, int kOutputs, typename Compute, __nv_fp8_interpretation_t kFormat, bool kTransposed,
+          bool kAmax>
 __global__ void __launch_bounds__(kThreads)
     float8_tile_kernel(const TileArgs<kInputs, kOutputs> args, const Compute compute) {
   constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
@@ -124,7 +126,10 @@ __global__ void __launch_bounds__(kThreads)
     const TileOutput& out = args.outputs[o];
     const float source = __ldg(out.scale_source);
     scale[o] = out.scale_from_amax ? args.largest / at_least_min_amax(source) : source;
-    if (out.inverse_scale != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *out.inverse_scale = 1.0f / scale[o];
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      *out.inverse_scale = 1.0f / scale[o];
+      if (out.scale_from_amax) *out.scale = scale[o];
+    }
     max_bits[o] = 0;
   }
 
@@ -290,22 +295,23 @@ inline bool aligned(const void* pointer, std::uintptr_t bytes) {
 }
 
 inline void check_scalar(const at::Tensor& tensor, const at::Tensor& like, const char* what, const char* name) {
-  TORCH_CHECK(tensor.device() == like.device() && tensor.dim() == 0 && tensor.scalar_type() == at::kFloat, what,
-              name, " must be a 0-dim fp32 tensor on ", like.device(), ", got ", tensor.sizes(), " ",
-              tensor.scalar_type(), " on ", tensor.device());
+  TORCH_CHECK(tensor.device() == like.device() && tensor.dim() == 0 && tensor.scalar_type() == at::kFloat, what, name,
+              " must be a 0-dim fp32 tensor on ", like.device(), ", got ", tensor.sizes(), " ", tensor.scalar_type(),
+              " on ", tensor.device());
 }
 
 /// Runs compute over `inputs` ([rows, cols], contiguous, one dtype of bf16,
-/// fp16 and fp32, on one CUDA device) and writes output o with scales[o]
-/// into outputs[o], as cast_to_float8 does for one input and the identity.
-/// The outputs share one FP8 format (their dtype) and `largest`, and all
-/// have a transpose or none, an amax or none. Runs on the current stream of
-/// the inputs' device, without synchronising with the host. `what` starts
-/// the error messages.
+/// fp16 and fp32, on one CUDA device) and writes output o as the FP8 cast of
+/// the compute's o-th values, as cast_transpose does for one input and the
+/// identity (Float8Tensor says what each member holds; undefined amax and
+/// inverse scales are allocated here, as is the scale of an output without
+/// one). The outputs share one FP8 format (their dtype), and all have a
+/// transpose or none, a scale or none, an amax or none. Runs on the current
+/// stream of the inputs' device, without synchronising with the host. `what`
+/// starts the error messages.
 template <int kInputs, int kOutputs, typename Compute>
 void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
-                         const Float8CastScale (&scales)[kOutputs], float largest,
-                         const Float8CastOutputs (&outputs)[kOutputs], const Compute& compute) {
+                         Float8Tensor* const (&outputs)[kOutputs], const Compute& compute) {
   const at::Tensor& first = inputs[0];
   const c10::ScalarType input_dtype = first.scalar_type();
   TORCH_CHECK(input_dtype == at::kBFloat16 || input_dtype == at::kHalf || input_dtype == at::kFloat, what,
@@ -318,7 +324,9 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
   }
   const int64_t rows = first.size(0);
   const int64_t cols = first.size(1);
-  const at::Tensor& format_source = outputs[0].data.defined() ? outputs[0].data : outputs[0].transposed;
+  TORCH_CHECK(outputs[0]->data.defined() || outputs[0]->transposed.defined(), what,
+              "data, transposed or both must be given");
+  const at::Tensor& format_source = outputs[0]->data.defined() ? outputs[0]->data : outputs[0]->transposed;
   const c10::ScalarType float8_dtype = format_source.scalar_type();
   TORCH_CHECK(float8_dtype == at::kFloat8_e4m3fn || float8_dtype == at::kFloat8_e5m2, what,
               "outputs must be float8_e4m3fn or float8_e5m2, got ", float8_dtype);
@@ -328,12 +336,17 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
   args.vectorized = cols % vector == 0;
   for (int in = 0; in < kInputs; ++in) args.vectorized = args.vectorized && aligned(args.inputs[in], 16);
   args.rows_aligned = rows % 4 == 0;
+  const auto fp32 = first.options().dtype(at::kFloat);
+  // Output 0's, before the loop gives it a scale of its own.
+  const bool with_scale = outputs[0]->scale.defined();
   for (int o = 0; o < kOutputs; ++o) {
-    const Float8CastOutputs& out = outputs[o];
+    Float8Tensor& out = *outputs[o];
     TORCH_CHECK(out.data.defined() || out.transposed.defined(), what, "data, transposed or both must be given");
-    TORCH_CHECK(out.transposed.defined() == outputs[0].transposed.defined() &&
-                    out.amax.defined() == outputs[0].amax.defined(),
-                what, "the outputs of one launch must all have a transpose or none, an amax or none");
+    TORCH_CHECK(out.transposed.defined() == outputs[0]->transposed.defined() && out.scale.defined() == with_scale &&
+                    out.amax.defined() == outputs[0]->amax.defined(),
+                what, "the outputs of one launch must all have a transpose or none, a scale or none, an amax or none");
+    TORCH_CHECK(out.scale.defined() || out.amax.defined(), what,
+                "without a scale, the amax of the input must be given (current scaling)");
     if (out.data.defined()) {
       TORCH_CHECK(out.data.device() == first.device() && out.data.scalar_type() == float8_dtype &&
                       out.data.sizes() == first.sizes() && out.data.is_contiguous(),
@@ -341,26 +354,29 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
     }
     if (out.transposed.defined()) {
       TORCH_CHECK(out.transposed.device() == first.device() && out.transposed.scalar_type() == float8_dtype &&
-                      out.transposed.dim() == 2 && out.transposed.size(0) == cols &&
-                      out.transposed.size(1) == rows && out.transposed.is_contiguous(),
+                      out.transposed.dim() == 2 && out.transposed.size(0) == cols && out.transposed.size(1) == rows &&
+                      out.transposed.is_contiguous(),
                   what, "transposed must be contiguous [", cols, ", ", rows, "] ", float8_dtype, " on ",
                   first.device());
     }
-    check_scalar(scales[o].value, first, what, scales[o].from_amax ? "amax of the input" : "scale");
-    if (out.amax.defined()) check_scalar(out.amax, first, what, "amax");
-    if (out.inverse_scale.defined()) check_scalar(out.inverse_scale, first, what, "inverse_scale");
+    const bool scale_from_amax = !out.scale.defined();
+    if (out.amax.defined()) check_scalar(out.amax, first, what, scale_from_amax ? "amax of the input" : "amax");
+    if (scale_from_amax) out.scale = at::empty({}, fp32);
+    check_scalar(out.scale, first, what, "scale");
+    if (!out.inverse_scale.defined()) out.inverse_scale = at::empty({}, fp32);
+    check_scalar(out.inverse_scale, first, what, "inverse_scale");
     TileOutput& tile_output = args.outputs[o];
     tile_output.data = out.data.defined() ? static_cast<uint8_t*>(out.data.data_ptr()) : nullptr;
     tile_output.transposed = out.transposed.defined() ? static_cast<uint8_t*>(out.transposed.data_ptr()) : nullptr;
-    tile_output.amax = out.amax.defined() ? static_cast<float*>(out.amax.data_ptr()) : nullptr;
-    tile_output.inverse_scale =
-        out.inverse_scale.defined() ? static_cast<float*>(out.inverse_scale.data_ptr()) : nullptr;
-    tile_output.scale_source = static_cast<const float*>(scales[o].value.data_ptr());
-    tile_output.scale_from_amax = scales[o].from_amax;
+    tile_output.amax = !scale_from_amax && out.amax.defined() ? out.amax.data_ptr<float>() : nullptr;
+    tile_output.scale = out.scale.data_ptr<float>();
+    tile_output.inverse_scale = out.inverse_scale.data_ptr<float>();
+    tile_output.scale_source = scale_from_amax ? out.amax.data_ptr<float>() : out.scale.data_ptr<float>();
+    tile_output.scale_from_amax = scale_from_amax;
     args.vectorized = args.vectorized && aligned(tile_output.data, vector);
     args.rows_aligned = args.rows_aligned && aligned(tile_output.transposed, 4);
   }
-  args.largest = largest;
+  args.largest = static_cast<float>(float8_largest(float8_dtype));
   args.rows = rows;
   args.cols = cols;
 
@@ -381,15 +397,9 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
     }
   };
   switch (input_dtype) {
-    case at::kBFloat16:
-      with_type(__nv_bfloat16{});
-      break;
-    case at::kHalf:
-      with_type(__half{});
-      break;
-    default:
-      with_type(float{});
-      break;
+    case at::kBFloat16: with_type(__nv_bfloat16{}); break;
+    case at::kHalf: with_type(__half{}); break;
+    default: with_type(float{}); break;
   }
 }
 

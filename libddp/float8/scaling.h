@@ -1,6 +1,5 @@
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -12,27 +11,19 @@
 
 #include <ddp/float8.h>
 
-#include "precision/float8_cast.h"
+#include "float8/kernels.h"
 
 namespace ddp::detail {
-
-/// An FP8 matrix with the factor that turns it back into real values (what
-/// at::_scaled_mm calls its scale). at::_scaled_mm takes its first operand
-/// row-major and its second column-major, and Float8Linear needs each cast
-/// matrix in both roles, so a cast can also give the transpose.
-struct Float8Tensor {
-  at::Tensor data;        // [M, K] row-major
-  at::Tensor transposed;  // [K, M] row-major (data in column-major order), if asked for
-  at::Tensor inverse_scale;
-};
 
 /// Delayed scaling's state of one tensor role, shared by the layer and the
 /// copies of its TensorScaling that forward saves for backward.
 struct DelayedScalingState : torch::CustomClassHolder {
-  at::Tensor amax_history;  // [amax_history_len] fp32, newest first
-  at::Tensor scale;         // 0-dim fp32
-  at::Tensor pending_amax;  // 0-dim fp32: the amax of the casts since the last commit, zero after one
+  at::Tensor amax_history;    // [amax_history_len] fp32, newest first
+  at::Tensor scale;           // 0-dim fp32
+  at::Tensor pending_amax;    // 0-dim fp32: the amax of the casts since the last commit, zero after one
   bool amax_pending = false;  // whether pending_amax waits to enter the history
+  float scale_target = 0;     // what the history's amax maps to: the format's largest value / 2^margin
+  bool use_max = true;        // the history's amax is its maximum; false: its newest entry
   // A cast written by another kernel (TensorScaling::offer), waiting for the
   // layer to take it: the placeholder tensor the layer will be handed, held
   // so that its address cannot pass for another tensor's meanwhile.
@@ -63,17 +54,18 @@ class TensorScaling {
   Float8Tensor cast(const at::Tensor& tensor, bool with_transposed = false, bool with_data = true);
 
   /// Delayed scaling, for a kernel that computes this role's tensor and
-  /// writes its FP8 cast itself (float8_tile.cuh) instead of a bf16 tensor
-  /// for cast() to read again: the FP8 data and transpose of a [rows, cols]
-  /// matrix to fill, the scale to cast with and the pending amax to
-  /// max-accumulate into. Commits a pending amax first, as cast() does.
-  Float8Destination destination(std::int64_t rows, std::int64_t cols);
+  /// writes its FP8 cast itself (float8/tile.cuh) instead of a bf16 tensor
+  /// for cast() to read again: the cast of a [rows, cols] matrix to fill,
+  /// with its FP8 data and transpose allocated, the scale to cast with and
+  /// the pending amax to max-accumulate into. Commits a pending amax first,
+  /// as cast() does.
+  Float8Tensor destination(std::int64_t rows, std::int64_t cols);
   /// After that kernel ran: its amax is pending, and the cast waits for the
   /// layer. Returns what to hand the layer in place of the tensor (its input,
   /// or the gradient of its output): a tensor of `sizes` and `dtype` that
   /// holds no values (one element, zero strides); the layer finds the cast
   /// by it and never reads it.
-  at::Tensor offer(const Float8Destination& written, at::IntArrayRef sizes, c10::ScalarType dtype);
+  at::Tensor offer(const Float8Tensor& written, at::IntArrayRef sizes, c10::ScalarType dtype);
   /// The cast offered for `tensor`, removed; nullopt where none waits.
   /// UsageError where one waits for another tensor: the layer was not given
   /// what the fused kernel returned (the offer is dropped).
@@ -109,32 +101,13 @@ class TensorScaling {
   static void commit_pending_amaxes(const std::vector<TensorScaling*>& scalings, const at::Tensor& amaxes = {});
 
  private:
-  bool use_max() const { return options_.amax_compute() == AmaxCompute::kMax; }
-  /// What delayed scaling's amax maps to: the largest finite value / 2^margin.
-  double scale_target() const;
   /// The commit (or, with `amax` undefined, the refresh) by ATen's ops, for
   /// CPU tensors and builds without the CUDA kernels.
-  void update_history_with_aten(const at::Tensor& amax);
+  static void update_history_with_aten(DelayedScalingState& state, const at::Tensor& amax);
 
   Float8Options options_;
   c10::ScalarType float8_dtype_ = c10::ScalarType::Undefined;
   c10::intrusive_ptr<DelayedScalingState> state_;  // null for current scaling
-};
-
-/// The scaling of the three tensors a Float8Linear casts, and the device it
-/// was checked to run FP8 on.
-struct Float8LinearState {
-  TensorScaling input;
-  TensorScaling weight;
-  TensorScaling grad_output;
-  c10::Device device{c10::kCPU};
-
-  std::array<TensorScaling*, 3> scalings() { return {&input, &weight, &grad_output}; }
-
-  void to(const c10::Device& target) {
-    for (TensorScaling* scaling : scalings()) scaling->to(target);
-    device = target;
-  }
 };
 
 }  // namespace ddp::detail

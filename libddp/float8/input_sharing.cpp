@@ -1,4 +1,4 @@
-#include "precision/float8_input_sharing.h"
+#include "float8/input_sharing.h"
 
 #include <algorithm>
 #include <memory>
@@ -7,6 +7,8 @@
 
 #include <ddp/errors.h>
 #include <ddp/float8.h>
+
+#include "float8/linear_state.h"
 
 namespace ddp {
 namespace detail {
@@ -48,12 +50,13 @@ void share_input_cast(const std::vector<Float8LinearImpl*>& layers) {
     if (layer->options.in_features() != layers.front()->options.in_features()) {
       throw UsageError("float8::share_input_cast: the layers take inputs of different widths (" +
                        std::to_string(layers.front()->options.in_features()) + " and " +
-                       std::to_string(layer->options.in_features()) + "); only layers called with the same input "
+                       std::to_string(layer->options.in_features()) +
+                       "); only layers called with the same input "
                        "tensor can share its cast");
     }
   }
   const auto shared = std::make_shared<detail::SharedInputCast>(layers.size());
-  for (Float8LinearImpl* layer : layers) detail::shared_input_cast(*layer) = shared;
+  for (Float8LinearImpl* layer : layers) detail::Float8LinearAccess::shared_input(*layer) = shared;
 }
 
 }  // namespace float8

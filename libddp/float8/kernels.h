@@ -1,0 +1,55 @@
+#pragma once
+
+// The host side of libddp's FP8 CUDA kernels. Unfused, a cast costs a scaling
+// multiply, a conversion, an amax reduction and, for at::_scaled_mm's
+// column-major operands, a strided transpose of the result: several passes
+// over the tensor, which on LLaMA-sized layers cost more than the FP8 GEMMs
+// save. Each kernel here is one pass. No CUDA headers: host code includes it.
+// Defined only where the .cu files are compiled (DDP_WITH_CUDA_KERNELS:
+// LibTorch >= 2.1 with CUDA), except float8_largest.
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <ddp/float8_tensor.h>
+
+namespace ddp::detail {
+
+struct DelayedScalingState;
+
+/// The smallest amax a scale is computed from: keeps an all-zero tensor from
+/// giving an infinite scale.
+constexpr float kFloat8MinAmax = 1e-12f;
+
+/// The largest finite value of an FP8 format, to which casts saturate.
+double float8_largest(c10::ScalarType float8_dtype);
+
+/// Delayed scaling's bookkeeping, where ATen takes a roll, two copies and
+/// five 1-element kernels per history. With enter_amaxes, each history shifts
+/// by one and takes entered[i] ([n] fp32, n = states.size(): the amaxes
+/// reduced across ranks) or, without `entered`, its pending amax as its
+/// newest entry; the pending amax is zeroed either way. Then every scale is
+/// recomputed: scale = target / max(history's amax, kFloat8MinAmax). An amax
+/// that is not finite and > 0 (nothing recorded yet, an all-zero tensor, an
+/// overflow, NaN) keeps the old scale, as in Transformer Engine.
+///
+/// One block per history (histories are short: Transformer Engine's default
+/// is 1024 entries), many histories per launch: a model's layers need a few
+/// launches, not one per cast. All tensors on one CUDA device; runs on its
+/// current stream.
+void update_amax_histories(const std::vector<DelayedScalingState*>& states, bool enter_amaxes,
+                           const at::Tensor& entered = {});
+
+/// silu(gate) * up, computed in fp32 and written straight into the FP8 cast
+/// `y` (float8::cast_transpose's rules), with no bf16 result: gate and up
+/// [rows, cols], contiguous, one dtype.
+void swiglu_to_float8(const at::Tensor& gate, const at::Tensor& up, Float8Tensor& y);
+
+/// The gradients of silu(gate) * up for grad_y, written likewise as FP8
+/// casts in one format: grad_y, gate and up [rows, cols].
+void swiglu_gradients_to_float8(const at::Tensor& grad_y, const at::Tensor& gate, const at::Tensor& up,
+                                Float8Tensor& grad_gate, Float8Tensor& grad_up);
+
+}  // namespace ddp::detail

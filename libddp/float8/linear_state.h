@@ -1,0 +1,61 @@
+#pragma once
+
+// What a Float8Linear keeps besides its parameters, and the library's one way
+// in to it (the layer declares Float8LinearAccess its friend).
+
+#include <array>
+#include <memory>
+
+#include <c10/core/Device.h>
+
+#include <ddp/float8.h>
+
+#include "float8/scaling.h"
+
+namespace ddp::detail {
+
+/// The scaling of the three tensors a Float8Linear casts, and the device it
+/// was checked to run FP8 on.
+struct Float8LinearState {
+  TensorScaling input;
+  TensorScaling weight;
+  TensorScaling grad_output;
+  c10::Device device{c10::kCPU};
+
+  std::array<TensorScaling*, 3> scalings() { return {&input, &weight, &grad_output}; }
+
+  void to(const c10::Device& target) {
+    for (TensorScaling* scaling : scalings()) scaling->to(target);
+    device = target;
+  }
+};
+
+struct Float8LinearAccess {
+  /// The layer's FP8 state; null while FP8 is off or before its first forward.
+  static Float8LinearState* state(Float8LinearImpl& layer);
+  /// The layer's FP8 state on `device`, made or moved there as a forward on
+  /// that device would; null while FP8 is off.
+  static Float8LinearState* state_on(Float8LinearImpl& layer, const c10::Device& device);
+  /// The input cast the layer shares with others (float8::share_input_cast), or null.
+  static std::shared_ptr<SharedInputCast>& shared_input(Float8LinearImpl& layer);
+
+  // A kernel that computes a layer's input, or the gradient of its output,
+  // can write that tensor's FP8 cast itself (TensorScaling::destination and
+  // offer): then neither the bf16 tensor nor a cast's second pass over it
+  // exists. Only under delayed scaling: current scaling needs the tensor's
+  // amax before the cast, which a kernel that computes the tensor does not
+  // know. Transformer Engine's fused LayerNormLinear and LayerNormMLP do the
+  // same for their norms' outputs.
+
+  /// The scaling of `layer`'s input, for a kernel on `device` that writes its
+  /// cast: null unless the layer runs in FP8 with delayed scaling. Makes the
+  /// layer's FP8 state where its first forward has not yet.
+  static TensorScaling* fusable_input_scaling(Float8LinearImpl& layer, const c10::Device& device);
+  /// The scaling of the gradient of `layer`'s output, likewise: null unless
+  /// the layer runs in FP8 with delayed scaling and has run a forward. The
+  /// pointer is the layer's: copy it (copies share the state) to keep it for
+  /// backward.
+  static TensorScaling* fusable_grad_output_scaling(Float8LinearImpl& layer);
+};
+
+}  // namespace ddp::detail
