@@ -1,5 +1,7 @@
 #pragma once
 
+#include <memory>
+
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
@@ -7,20 +9,52 @@
 
 namespace ddp::optim {
 
+/// An optimizer whose step ddp::CapturedStep can record in a CUDA graph.
+/// Recorded once and replayed, a step would repeat the learning rate and the
+/// step count it was recorded with. In capturable mode the step reads both
+/// from tensors on the device instead: the graph advances the counts itself,
+/// and prepare_replay() copies each group's learning rate from its options
+/// before every replay, so a schedule that sets the options' lr each step
+/// works as it does eagerly. Checkpoints keep the host's counts, which
+/// prepare_replay() advances too.
+class DDP_API CapturableOptimizer {
+ public:
+  virtual ~CapturableOptimizer() = default;
+  /// Turns capturable mode on or off. On, throws UsageError where the step
+  /// cannot run on the device alone: parameters off the GPU, or a LibTorch
+  /// older than 2.2 (no fused kernels that read the learning rate from a
+  /// tensor).
+  virtual void set_capturable(bool capturable) = 0;
+  /// Whether capturable mode is on.
+  virtual bool capturable() const = 0;
+  /// Before each replay of a recorded step: the learning rates to the
+  /// device, and one more step counted on the host.
+  virtual void prepare_replay() = 0;
+};
+
 /// torch::optim::AdamW whose step runs ATen's fused multi-tensor kernel
 /// (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs) for CUDA
 /// parameters, where the LibTorch version has it: one pass over parameters,
 /// gradients and moments instead of a dozen kernels per parameter. Elsewhere
 /// (CPU parameters, amsgrad, LibTorch 1.x) it is AdamW's own step. Options,
 /// state and checkpoints are AdamW's, so either loads the other's.
-class DDP_API FusedAdamW : public torch::optim::AdamW {
+class DDP_API FusedAdamW : public torch::optim::AdamW, public CapturableOptimizer {
  public:
   using torch::optim::AdamW::AdamW;
+  ~FusedAdamW() override;
   /// One AdamW step, fused where fused() says so. Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   /// Whether the next step() takes the fused path.
   bool fused() const;
+
+  void set_capturable(bool capturable) override;
+  bool capturable() const override;
+  void prepare_replay() override;
+
+ private:
+  struct DeviceState;
+  std::shared_ptr<DeviceState> device_;  // null unless capturable
 };
 
 /// torch::optim::SGD whose step runs ATen's fused multi-tensor kernel
@@ -30,13 +64,22 @@ class DDP_API FusedAdamW : public torch::optim::AdamW {
 /// many small tensors such as ResNet-50. Elsewhere (CPU parameters, sparse
 /// gradients, LibTorch 1.x) it is SGD's own step. Options, state and
 /// checkpoints are SGD's, so either loads the other's.
-class DDP_API FusedSGD : public torch::optim::SGD {
+class DDP_API FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
+  ~FusedSGD() override;
   /// One SGD step, fused where fused() says so. Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
   /// Whether the next step() takes the fused path.
   bool fused() const;
+
+  void set_capturable(bool capturable) override;
+  bool capturable() const override;
+  void prepare_replay() override;
+
+ private:
+  struct DeviceState;
+  std::shared_ptr<DeviceState> device_;  // null unless capturable
 };
 
 }  // namespace ddp::optim

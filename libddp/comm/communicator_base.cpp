@@ -156,6 +156,15 @@ std::shared_ptr<Work> CommunicatorBase::all_reduce(const at::Tensor& tensor, Red
                });
 }
 
+std::shared_ptr<Work> CommunicatorBase::watch_current_stream(const char* op, std::string detail) {
+  return issue(op, std::move(detail), [&]() { return launch_stream_marker(); });
+}
+
+std::unique_ptr<BackendOp> CommunicatorBase::launch_stream_marker() {
+  throw UsageError(fmt::format("libddp: the {} backend has no device streams to watch; a captured step needs NCCL",
+                               to_string(backend())));
+}
+
 std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast", "input");
   if (root < 0 || root >= world_size_) {

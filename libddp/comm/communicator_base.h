@@ -114,6 +114,12 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) final;
   void barrier() final;
 
+  /// Watches what the caller's current stream has queued so far as one
+  /// collective named `op`, with a deadline and the watchdog's abort: the
+  /// replay of a CUDA graph, whose recorded collectives were never launched
+  /// one by one and so are watched as a whole (ddp::CapturedStep).
+  std::shared_ptr<Work> watch_current_stream(const char* op, std::string detail);
+
   enum class Failure { kTimeout, kBackendError };
   /// Settles `work` as failed, marks the communicator broken, aborts the
   /// backend and fails every other pending collective. Idempotent.
@@ -125,6 +131,9 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   virtual std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
   virtual std::unique_ptr<BackendOp> launch_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                                            ReduceOp op) = 0;
+  /// Completes when the caller's current stream reaches the point of the
+  /// call. Only backends with device streams have one: UsageError otherwise.
+  virtual std::unique_ptr<BackendOp> launch_stream_marker();
   /// Makes collectives in flight return (NCCL: ncclCommAbort). Called once,
   /// from whichever thread first sees a failure; never concurrently with a launch.
   virtual void abort() noexcept = 0;

@@ -35,6 +35,7 @@
 #include "comm/nccl_check.h"
 #include "compat/torch_compat.h"
 #include "cuda/cuda_check.h"
+#include "cuda/stream_capture.h"
 
 namespace ddp::detail {
 namespace {
@@ -70,13 +71,17 @@ ncclRedOp_t to_nccl(ReduceOp op) {
 
 class NcclOp final : public BackendOp {
  public:
-  bool poll() override { return done.query(); }
+  // A collective recorded into a CUDA graph was not launched: it runs at
+  // each replay, which CapturedStep watches as a whole. Its events are graph
+  // nodes that must not be queried.
+  bool poll() override { return captured || done.query(); }
   bool order_current_stream() override {
     done.block(c10::cuda::getCurrentCUDAStream(device_index));
     return true;
   }
 
   c10::DeviceIndex device_index = 0;
+  bool captured = false;
   at::cuda::CUDAEvent done;
 };
 
@@ -134,6 +139,14 @@ class NcclCommunicator final : public CommunicatorBase {
     });
   }
 
+  std::unique_ptr<BackendOp> launch_stream_marker() override {
+    c10::cuda::CUDAGuard guard(device_index_);
+    auto op = std::make_unique<NcclOp>();
+    op->device_index = device_index_;
+    op->done.record(c10::cuda::getCurrentCUDAStream(device_index_));
+    return op;
+  }
+
   void abort() noexcept override {
     if (comm_ == nullptr) return;
     ncclCommAbort(comm_);
@@ -156,6 +169,7 @@ class NcclCommunicator final : public CommunicatorBase {
     c10::cuda::CUDAGuard guard(device_index_);
     auto op = std::make_unique<NcclOp>();
     op->device_index = device_index_;
+    op->captured = current_stream_capturing();
     at::cuda::CUDAEvent ready;
     ready.record(c10::cuda::getCurrentCUDAStream(device_index_));
     ready.block(stream_);

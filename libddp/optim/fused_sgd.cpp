@@ -19,12 +19,31 @@ bool FusedSGD::fused() const {
 #endif
 }
 
+/// Capturable mode's device copies: SGD keeps no step count.
+struct FusedSGD::DeviceState {
+  detail::DeviceLearningRates learning_rates;
+};
+
+FusedSGD::~FusedSGD() = default;
+
+void FusedSGD::set_capturable(bool capturable) {
+  if (capturable) detail::check_capturable("ddp::optim::FusedSGD", fused());
+  device_ = capturable ? std::make_shared<DeviceState>() : nullptr;
+}
+
+bool FusedSGD::capturable() const { return device_ != nullptr; }
+
+void FusedSGD::prepare_replay() {
+  if (device_) device_->learning_rates.refresh(param_groups_);
+}
+
 torch::Tensor FusedSGD::step(LossClosure closure) {
   if (!fused()) return torch::optim::SGD::step(std::move(closure));
 #if DDP_TORCH_HAS_FUSED_SGD
   const torch::Tensor loss = detail::evaluate(closure);
   torch::NoGradGuard no_grad;
-  for (auto& group : param_groups_) {
+  for (std::size_t group_index = 0; group_index < param_groups_.size(); ++group_index) {
+    auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
     const bool with_momentum = options.momentum() != 0;
     // One call per device and dtype, and apart for parameters whose momentum
@@ -53,6 +72,15 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       if (with_momentum) list.momentum_buffers.push_back(buffer);
     }
     for (auto& [where, list] : lists) {
+#if DDP_TORCH_AT_LEAST(2, 2)
+      if (device_) {
+        at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(),
+                        device_->learning_rates.get(group_index, std::get<0>(where), options.lr()), options.dampening(),
+                        options.nesterov(), /*maximize=*/false,
+                        /*is_first_step=*/std::get<2>(where));
+        continue;
+      }
+#endif
       at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(),
                       options.lr(), options.dampening(), options.nesterov(), /*maximize=*/false,
                       /*is_first_step=*/std::get<2>(where));

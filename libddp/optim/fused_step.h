@@ -2,8 +2,11 @@
 
 // What the fused optimizers (FusedAdamW, FusedSGD) share around their kernels.
 
+#include <cstddef>
+#include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +39,27 @@ inline bool cuda_and_dense(const std::vector<torch::optim::OptimizerParamGroup>&
   }
   return true;
 }
+
+/// Throws UsageError unless `optimizer` can run capturable: its fused path
+/// (CUDA parameters) on a LibTorch whose fused kernels read the learning rate
+/// from a tensor (2.2 and newer).
+void check_capturable(const char* optimizer, bool fused);
+
+/// Capturable mode's learning rates: a 0-dim fp32 tensor per param group and
+/// device, which the fused kernels read instead of a number baked into a
+/// recorded step.
+class DeviceLearningRates {
+ public:
+  /// Group `group`'s tensor on `device`, set to `lr` unless the current
+  /// stream is capturing: a recorded step must read the tensor, which
+  /// refresh() sets before each replay.
+  const at::Tensor& get(std::size_t group, c10::DeviceIndex device, double lr);
+  /// Every tensor from its group's current learning rate.
+  void refresh(const std::vector<torch::optim::OptimizerParamGroup>& groups);
+
+ private:
+  std::map<std::pair<std::size_t, c10::DeviceIndex>, at::Tensor> rates_;
+};
 
 /// The loss of `closure`, evaluated with gradients on; undefined without one.
 inline at::Tensor evaluate(const torch::optim::Optimizer::LossClosure& closure) {

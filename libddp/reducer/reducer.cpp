@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/engine.h>
@@ -48,6 +50,25 @@ void Reducer::install_hooks() {
   accumulators_.resize(parameters_.size());
   hook_keys_.resize(parameters_.size());
   for (std::size_t i = 0; i < parameters_.size(); ++i) hook(i, torch::autograd::impl::grad_accumulator(parameters_[i]));
+  accumulator_stream_ = current_stream();
+}
+
+c10::Stream Reducer::current_stream() const {
+  const c10::Device device = comm_.device();
+  return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
+}
+
+void Reducer::follow_current_stream() {
+  const c10::Stream current = current_stream();
+  if (current == accumulator_stream_) return;
+  // Autograd holds the nodes weakly: once ours are dropped, grad_accumulator()
+  // makes new ones, on the current stream.
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) {
+    accumulators_[i]->del_post_hook(hook_keys_[i]);
+    accumulators_[i] = nullptr;
+  }
+  for (std::size_t i = 0; i < parameters_.size(); ++i) hook(i, torch::autograd::impl::grad_accumulator(parameters_[i]));
+  accumulator_stream_ = current;
 }
 
 void Reducer::hook(std::size_t index, compat::GradAccumulatorPtr accumulator) {
@@ -153,6 +174,7 @@ std::int64_t Reducer::allocated_bucket_bytes() const {
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;  // a forward whose backward never ran (evaluation) leaves nothing behind
+  follow_current_stream();
   const bool rebuild = config_.reduce && !config_.sharded && !rebuilt_ && reduced_iterations_ >= 1 &&
                        (!config_.find_unused_parameters || config_.static_graph) &&
                        ready_order_.size() == parameters_.size();
@@ -173,6 +195,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = sync_;
   if (!armed_) return;
+  caller_stream_ = current_stream();
   // torch::load and Module::load replace parameters' data with set_(), and
   // autograd then accumulates their gradients through a new node: without
   // this the hooks would never fire and the ranks would silently drift apart.
@@ -366,6 +389,7 @@ std::string Reducer::names_of(const std::vector<std::size_t>& indices) const {
 
 void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
+  const c10::OptionalStreamGuard stream_guard(caller_stream_);
   armed_ = false;
   if (next_bucket_ < buckets_.size()) {
     std::vector<std::size_t> missing;

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Optional.h>
 
 #include <ddp/comm_hooks.h>
 #include <ddp/communicator.h>
@@ -116,6 +118,15 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void hook(std::size_t index, compat::GradAccumulatorPtr accumulator);
   /// Re-hooks parameters whose gradient accumulator autograd replaced.
   void follow_replaced_accumulators();
+  /// The caller's current stream on the communicator's device.
+  c10::Stream current_stream() const;
+  /// An AccumulateGrad node runs on the stream that was current when it was
+  /// made, and the reducer keeps its nodes alive. A forward on another stream
+  /// (a CapturedStep's side stream) gets new nodes, made on it: with the old
+  /// ones backward would make that stream wait on the old one, which a CUDA
+  /// graph capture forbids (PyTorch asks Python users to build DDP on the
+  /// side stream instead).
+  void follow_current_stream();
   void on_gradient_ready(std::size_t index);
   void mark_ready(std::size_t index, bool used);
   void gather_into_bucket(Bucket& bucket);
@@ -143,6 +154,16 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   bool sync_ = true;
   bool armed_ = false;            // the coming backward reduces
   bool finalize_queued_ = false;  // the engine callback for this backward is queued
+  // The stream the forward ran on. The engine runs the end-of-backward
+  // callback on its own thread, whose current stream may be another one (the
+  // legacy default stream): the callback's copies and stream waits must go
+  // where the caller's work goes, or a step recorded into a CUDA graph on a
+  // side stream could not be captured.
+  c10::optional<c10::Stream> caller_stream_;
+  c10::Stream accumulator_stream_{
+      c10::Stream::DEFAULT,
+      c10::Device(
+          c10::kCPU)};  // where accumulators_ run  // c10::optional: what OptionalStreamGuard takes in LibTorch 1.13
   bool unused_marked_ = false;
   std::size_t next_bucket_ = 0;   // buckets launch strictly in order
   std::vector<std::uint8_t> ready_;

@@ -1,0 +1,44 @@
+#include <fmt/format.h>
+
+#include <ATen/ATen.h>
+
+#include <ddp/errors.h>
+
+#include "compat/torch_compat.h"
+#include "cuda/stream_capture.h"
+#include "optim/fused_step.h"
+
+namespace ddp::optim::detail {
+
+void check_capturable(const char* optimizer, bool fused) {
+  if (!DDP_TORCH_AT_LEAST(2, 2)) {
+    throw UsageError(
+        fmt::format("{}: a capturable step needs LibTorch 2.2 or newer (fused kernels that read the "
+                    "learning rate from a tensor); this is {}.{}",
+                    optimizer, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+  }
+  if (!fused) {
+    throw UsageError(
+        fmt::format("{}: a capturable step runs the fused kernels, which need every parameter on a CUDA "
+                    "device with a dense gradient; move the model to the GPU first",
+                    optimizer));
+  }
+}
+
+const at::Tensor& DeviceLearningRates::get(std::size_t group, c10::DeviceIndex device, double lr) {
+  at::Tensor& rate = rates_[{group, device}];
+  const bool capturing = ddp::detail::current_stream_capturing();
+  if (!rate.defined()) {
+    // Made before any capture: the eager steps before it (warm-up) make it.
+    TORCH_CHECK(!capturing, "DeviceLearningRates: the first step of a group must run eagerly, not captured");
+    rate = at::empty({}, at::TensorOptions().device(at::Device(at::kCUDA, device)).dtype(at::kFloat));
+  }
+  if (!capturing) rate.fill_(lr);
+  return rate;
+}
+
+void DeviceLearningRates::refresh(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  for (auto& [where, rate] : rates_) rate.fill_(groups.at(where.first).options().get_lr());
+}
+
+}  // namespace ddp::optim::detail
