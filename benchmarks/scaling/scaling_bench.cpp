@@ -89,6 +89,7 @@ std::string nccl_environment_json() {
 struct Step {
   std::function<at::Tensor()> forward_loss;
   std::function<void()> optimizer_step;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
   /// The DDP timeline's exposed communication of each reduced backward so far.
   std::function<std::vector<double>()> exposed_communication_ms;
 };
@@ -209,6 +210,7 @@ Step ddp_step(std::shared_ptr<ddp::DistributedDataParallel<Model>> ddp_model,
               std::shared_ptr<torch::optim::Optimizer> optimizer, std::function<at::Tensor()> forward_loss) {
   Step step;
   step.forward_loss = std::move(forward_loss);
+  step.optimizer = optimizer;
   step.optimizer_step = [optimizer] {
     optimizer->step();
     optimizer->zero_grad();
@@ -343,6 +345,9 @@ int main(int argc, char** argv) try {
       .add_switch("unfused",
                   "LLaMA: RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch's reference runs, not fused kernels")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
+      .add_switch("cuda-graph",
+                  "record the step into a CUDA graph after the warm-up and replay it (ddp::CapturedStep); "
+                  "forward, backward and optimizer are then timed as one")
       .add("json", "", "append the result to this file, one JSON object per line (rank 0)")
       .add("profile-trace", "", "after the timed steps, profile one more and write its Chrome trace here (rank 0)");
   flags.parse(argc, argv);
@@ -366,7 +371,14 @@ int main(int argc, char** argv) try {
   at::globalContext().setBenchmarkCuDNN(true);
   torch::manual_seed(0);
 
-  const bool timeline = !flags.on("no-timeline") && device.is_cuda();
+  const bool cuda_graph = flags.on("cuda-graph");
+  if (cuda_graph && !device.is_cuda()) flags.fail("--cuda-graph needs a CUDA device");
+  if (cuda_graph && warmup < 1)
+    flags.fail("--cuda-graph needs --warmup 1 or more (the graph records a warmed-up step)");
+  if (cuda_graph && !flags.str("profile-trace").empty())
+    flags.fail("--profile-trace profiles the eager step; drop --cuda-graph");
+  // The timeline's timing events are read on the host after each backward, which a replay has none of.
+  const bool timeline = !flags.on("no-timeline") && device.is_cuda() && !cuda_graph;
   ddp::DistributedDataParallelOptions options;
   try {
     options = llama::sharding_options(flags.str("sharding"), flags.str("param-dtype"), policy);
@@ -396,24 +408,40 @@ int main(int argc, char** argv) try {
   const Workload workload = model_name == "resnet50" ? resnet50_workload(flags, batch, process_group, policy, options)
                                                      : llama_workload(flags, batch, process_group, policy, options);
   const Step& step = workload.step;
+  const auto eager_step = [&] {
+    at::Tensor step_loss = step.forward_loss();
+    step_loss.backward();
+    step.optimizer_step();
+    return step_loss;
+  };
+  std::unique_ptr<ddp::CapturedStep> captured;
+  if (cuda_graph) {
+    // The workload's data is fixed, so the recorded step takes no inputs.
+    captured = std::make_unique<ddp::CapturedStep>(
+        *step.optimizer, [&](const std::vector<at::Tensor>&) { return eager_step(); },
+        ddp::CapturedStepOptions().warmup_steps(static_cast<int>(warmup)).process_group(process_group));
+  }
 
   at::Tensor loss;
-  for (std::int64_t i = 0; i < warmup; ++i) {
-    loss = step.forward_loss();
-    loss.backward();
-    step.optimizer_step();
-  }
+  for (std::int64_t i = 0; i < warmup; ++i) loss = captured ? (*captured)({}) : eager_step();
+  if (captured) loss = (*captured)({});  // records the graph (and replays it once), untimed
   const std::size_t timed_from = step.exposed_communication_ms().size();
   StepClock clock(device, static_cast<std::size_t>(steps) * 4);
   synchronize(*process_group);
   const auto start = std::chrono::steady_clock::now();
   for (std::int64_t i = 0; i < steps; ++i) {
     clock.mark();
-    loss = step.forward_loss();
-    clock.mark();
-    loss.backward();
-    clock.mark();
-    step.optimizer_step();
+    if (captured) {
+      loss = (*captured)({});  // the whole step counts as forward
+      clock.mark();
+      clock.mark();
+    } else {
+      loss = step.forward_loss();
+      clock.mark();
+      loss.backward();
+      clock.mark();
+      step.optimizer_step();
+    }
     clock.mark();
   }
   synchronize(*process_group);
@@ -457,12 +485,12 @@ int main(int argc, char** argv) try {
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
       "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
-      "{}, \"torch_version\": \"{}\"}}",
+      "{}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward),
       mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops,
       final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"),
-      !options.shard_units().empty(), nccl_environment_json(), TORCH_VERSION);
+      !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

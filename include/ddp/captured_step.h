@@ -71,9 +71,9 @@ class DDP_API CapturedStep {
   CapturedStep& operator=(const CapturedStep&) = delete;
 
   /// One step on `inputs` (CUDA tensors, as many, shaped and typed as in
-  /// every call since the last reset()). Returns the function's result; after
-  /// the capture it is the recorded result tensor, which the next call
-  /// overwrites: clone it to keep it.
+  /// every call since the last reset()). Returns the function's result,
+  /// detached from its autograd graph; after the capture it is the recorded
+  /// result tensor, which the next call overwrites: clone it to keep it.
   at::Tensor operator()(const std::vector<at::Tensor>& inputs);
 
   /// Drops the recorded graph (and the memory it holds): the next calls warm

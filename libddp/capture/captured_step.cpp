@@ -103,7 +103,7 @@ struct CapturedStep::Impl {
       const c10::cuda::CUDAStreamGuard stream_guard(side);
       graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
-        static_output = function(static_inputs);
+        static_output = function(static_inputs).detach();
       } catch (const std::exception& error) {
         try {
           graph->capture_end();
@@ -151,9 +151,12 @@ CapturedStep::~CapturedStep() = default;
 at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   Impl& impl = *impl_;
   impl.check_inputs(inputs);
+  // Results are returned detached: a result that kept its autograd graph
+  // would keep that graph's AccumulateGrad nodes alive, and DDP's reducer
+  // could not make the nodes anew on the recording stream.
   if (impl.eager_steps < impl.options.warmup_steps()) {
     ++impl.eager_steps;
-    return impl.function(inputs);
+    return impl.function(inputs).detach();
   }
 #ifdef DDP_WITH_CUDA
   if (!impl.graph) {
