@@ -38,8 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 PRECISIONS = {"resnet50": ("tf32", "bf16"), "llama": ("tf32", "bf16", "fp8")}
-IMPLS = ("libddp", "pytorch", "pytorch-compile")
-IMPL_TITLES = {"libddp": "libddp", "pytorch": "PyTorch", "pytorch-compile": "compiled"}
+IMPLS = ("libddp", "libddp-graph", "pytorch", "pytorch-compile")
+IMPL_TITLES = {"libddp": "libddp", "libddp-graph": "libddp graph", "pytorch": "PyTorch", "pytorch-compile": "compiled"}
 # Per-rank work: the sizes issue #7 asks for, and CPU-sized ones for --quick.
 FULL = {
     "resnet50": {"batch": 128, "image_size": 224},
@@ -65,7 +65,9 @@ def parse_args():
     parser.add_argument("--precisions", help="comma-separated, applied to every model that supports them "
                                              "(default: resnet50 tf32,bf16; llama tf32,bf16,fp8)")
     parser.add_argument("--impls", default="libddp,pytorch,pytorch-compile",
-                        help="pytorch: PyTorch DDP in eager mode; pytorch-compile: the same under torch.compile "
+                        help="libddp-graph: libddp's step recorded into a CUDA graph and replayed (scaling_bench "
+                             "--cuda-graph, GPUs only); pytorch: PyTorch DDP in eager mode; pytorch-compile: the same "
+                             "under torch.compile "
                              "(compilation, a minute or two per run on a GPU, is excluded from the timing)")
     parser.add_argument("--libddp-unfused", action="store_true",
                         help="LLaMA: libddp runs RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch runs "
@@ -91,6 +93,8 @@ def parse_args():
         return args
     args.models = split(args.models, PRECISIONS, "--models")
     args.impls = split(args.impls, IMPLS, "--impls")
+    if args.device == "cpu" and "libddp-graph" in args.impls:
+        parser.error("--impls libddp-graph records the step into a CUDA graph: it needs --device cuda")
     args.precisions = split(args.precisions, ("fp32", "tf32", "bf16", "fp8"), "--precisions") if args.precisions else None
     args.steps = args.steps or (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
@@ -193,12 +197,14 @@ def command_for(impl, model, precision, gpus, args, json_path):
                    "--reduce-dtype", args.reduce_dtype]
     if args.device == "cpu":  # both sides default to the GPUs
         bench_args += ["--device", "cpu"]
-    if impl == "libddp":
+    if impl in ("libddp", "libddp-graph"):
         if model == "llama" and args.libddp_unfused:
             bench_args.append("--unfused")
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
         bench_args += ["--sharding", args.sharding]
+        if impl == "libddp-graph":
+            bench_args.append("--cuda-graph")
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
                 os.path.join(args.build, "benchmarks", "scaling", "scaling_bench")] + bench_args
     if impl == "pytorch-compile":
@@ -444,7 +450,7 @@ def markdown(report, args):
 # --------------------------------------------------------------------------- SVG
 
 COLORS = {"fp32": "#7f7f7f", "tf32": "#1f77b4", "bf16": "#d62728", "fp8": "#2ca02c"}
-DASHES = {"libddp": "none", "pytorch": "6,4", "pytorch-compile": "2,3"}
+DASHES = {"libddp": "none", "libddp-graph": "8,2,2,2", "pytorch": "6,4", "pytorch-compile": "2,3"}
 PANEL_W, PANEL_H = 430, 250
 MARGIN = {"left": 72, "right": 18, "top": 34, "bottom": 46}
 
