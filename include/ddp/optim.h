@@ -9,6 +9,10 @@
 
 namespace ddp::optim {
 
+namespace detail {
+struct CaptureState;
+}  // namespace detail
+
 /// An optimizer whose step ddp::CapturedStep can record in a CUDA graph.
 /// Recorded once and replayed, a step would repeat the learning rate and the
 /// step count it was recorded with. In capturable mode the step reads both
@@ -19,17 +23,23 @@ namespace ddp::optim {
 /// prepare_replay() advances too.
 class DDP_API CapturableOptimizer {
  public:
-  virtual ~CapturableOptimizer() = default;
+  virtual ~CapturableOptimizer();
+  /// Whether the next step() takes the fused path, the only one that can be
+  /// recorded.
+  virtual bool fused() const = 0;
   /// Turns capturable mode on or off. On, throws UsageError where the step
   /// cannot run on the device alone: parameters off the GPU, or a LibTorch
   /// older than 2.2 (no fused kernels that read the learning rate from a
   /// tensor).
-  virtual void set_capturable(bool capturable) = 0;
+  void set_capturable(bool capturable);
   /// Whether capturable mode is on.
-  virtual bool capturable() const = 0;
+  bool capturable() const { return capture_ != nullptr; }
   /// Before each replay of a recorded step: the learning rates to the
   /// device, and one more step counted on the host.
   virtual void prepare_replay() = 0;
+
+ protected:
+  std::shared_ptr<detail::CaptureState> capture_;  ///< The device copies; null unless capturable.
 };
 
 /// torch::optim::AdamW whose step runs ATen's fused multi-tensor kernel
@@ -41,20 +51,10 @@ class DDP_API CapturableOptimizer {
 class DDP_API FusedAdamW : public torch::optim::AdamW, public CapturableOptimizer {
  public:
   using torch::optim::AdamW::AdamW;
-  ~FusedAdamW() override;
   /// One AdamW step, fused where fused() says so. Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
-
-  /// Whether the next step() takes the fused path.
-  bool fused() const;
-
-  void set_capturable(bool capturable) override;
-  bool capturable() const override;
+  bool fused() const override;
   void prepare_replay() override;
-
- private:
-  struct DeviceState;
-  std::shared_ptr<DeviceState> device_;  // null unless capturable
 };
 
 /// torch::optim::SGD whose step runs ATen's fused multi-tensor kernel
@@ -67,19 +67,10 @@ class DDP_API FusedAdamW : public torch::optim::AdamW, public CapturableOptimize
 class DDP_API FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
  public:
   using torch::optim::SGD::SGD;
-  ~FusedSGD() override;
   /// One SGD step, fused where fused() says so. Returns the closure's loss.
   torch::Tensor step(LossClosure closure = nullptr) override;
-  /// Whether the next step() takes the fused path.
-  bool fused() const;
-
-  void set_capturable(bool capturable) override;
-  bool capturable() const override;
+  bool fused() const override;
   void prepare_replay() override;
-
- private:
-  struct DeviceState;
-  std::shared_ptr<DeviceState> device_;  // null unless capturable
 };
 
 }  // namespace ddp::optim

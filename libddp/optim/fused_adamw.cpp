@@ -13,29 +13,10 @@
 
 namespace ddp::optim {
 
-/// Capturable mode's device copies. The step counts of each kernel call live
-/// in one tensor, which eager steps set from the host's counts and a recorded
-/// step increments itself.
-struct FusedAdamW::DeviceState {
-  detail::DeviceLearningRates learning_rates;
-  std::map<std::tuple<std::size_t, c10::DeviceIndex, c10::ScalarType>, at::Tensor> steps;
-  // The parameters the recorded step steps: each replay counts one step for them on the host.
-  std::vector<torch::optim::AdamWParamState*> recorded;
-};
-
-FusedAdamW::~FusedAdamW() = default;
-
-void FusedAdamW::set_capturable(bool capturable) {
-  if (capturable) detail::check_capturable("ddp::optim::FusedAdamW", fused());
-  device_ = capturable ? std::make_shared<DeviceState>() : nullptr;
-}
-
-bool FusedAdamW::capturable() const { return device_ != nullptr; }
-
 void FusedAdamW::prepare_replay() {
-  if (!device_) return;
-  device_->learning_rates.refresh(param_groups_);
-  for (torch::optim::AdamWParamState* state : device_->recorded) state->step(state->step() + 1);
+  if (!capture_) return;
+  capture_->learning_rates.refresh(param_groups_);
+  for (torch::optim::AdamWParamState* state : capture_->recorded) state->step(state->step() + 1);
 }
 
 bool FusedAdamW::fused() const {
@@ -57,7 +38,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
   // Recorded into a CUDA graph, a step counts on the device only; the host
   // counts each replay (prepare_replay).
   const bool capturing = ddp::detail::current_stream_capturing();
-  if (device_ && !capturing) device_->recorded.clear();
+  if (capture_ && !capturing) capture_->recorded.clear();
   for (std::size_t group_index = 0; group_index < param_groups_.size(); ++group_index) {
     auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -81,8 +62,8 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       // The host count stays the truth (it is what checkpoints hold); the
       // kernel reads its own copy of the incremented step.
       if (capturing) {
-        TORCH_CHECK(device_, "ddp::optim::FusedAdamW: a step recorded into a CUDA graph needs set_capturable(true)");
-        device_->recorded.push_back(&state);
+        TORCH_CHECK(capture_, "ddp::optim::FusedAdamW: a step recorded into a CUDA graph needs set_capturable(true)");
+        capture_->recorded.push_back(&state);
       } else {
         state.step(state.step() + 1);
       }
@@ -98,7 +79,7 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       at::Tensor steps;
       if (capturing) {
         // The tensor the eager steps before the capture kept: the graph counts on.
-        steps = device_->steps.at({group_index, device.index(), std::get<1>(where)});
+        steps = capture_->steps.at({group_index, device.index(), std::get<1>(where)});
         TORCH_CHECK(steps.numel() == static_cast<int64_t>(list.params.size()),
                     "ddp::optim::FusedAdamW: the recorded step updates other parameters than the eager step before it");
         steps.add_(1);
@@ -108,15 +89,15 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         // wait for everything queued before it (the whole backward), and the
         // GPU then idles while the host launches the optimizer's kernels.
         steps = at::tensor(list.steps, at::kFloat).pin_memory().to(device, at::kFloat, /*non_blocking=*/true);
-        if (device_) device_->steps[{group_index, device.index(), std::get<1>(where)}] = steps;
+        if (capture_) capture_->steps[{group_index, device.index(), std::get<1>(where)}] = steps;
       }
       std::vector<at::Tensor> step_views;
       for (int64_t i = 0; i < steps.numel(); ++i) step_views.push_back(steps[i]);
       const auto [beta1, beta2] = options.betas();
 #if DDP_TORCH_AT_LEAST(2, 2)
-      if (device_) {
+      if (capture_) {
         at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
-                          device_->learning_rates.get(group_index, device.index(), options.lr()), beta1, beta2,
+                          capture_->learning_rates.get(group_index, device.index(), options.lr()), beta1, beta2,
                           options.weight_decay(), options.eps(), /*amsgrad=*/false, /*maximize=*/false);
         continue;
       }

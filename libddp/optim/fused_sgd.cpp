@@ -19,22 +19,8 @@ bool FusedSGD::fused() const {
 #endif
 }
 
-/// Capturable mode's device copies: SGD keeps no step count.
-struct FusedSGD::DeviceState {
-  detail::DeviceLearningRates learning_rates;
-};
-
-FusedSGD::~FusedSGD() = default;
-
-void FusedSGD::set_capturable(bool capturable) {
-  if (capturable) detail::check_capturable("ddp::optim::FusedSGD", fused());
-  device_ = capturable ? std::make_shared<DeviceState>() : nullptr;
-}
-
-bool FusedSGD::capturable() const { return device_ != nullptr; }
-
 void FusedSGD::prepare_replay() {
-  if (device_) device_->learning_rates.refresh(param_groups_);
+  if (capture_) capture_->learning_rates.refresh(param_groups_);
 }
 
 torch::Tensor FusedSGD::step(LossClosure closure) {
@@ -73,10 +59,10 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
     }
     for (auto& [where, list] : lists) {
 #if DDP_TORCH_AT_LEAST(2, 2)
-      if (device_) {
+      if (capture_) {
         at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(),
-                        device_->learning_rates.get(group_index, std::get<0>(where), options.lr()), options.dampening(),
-                        options.nesterov(), /*maximize=*/false,
+                        capture_->learning_rates.get(group_index, std::get<0>(where), options.lr()),
+                        options.dampening(), options.nesterov(), /*maximize=*/false,
                         /*is_first_step=*/std::get<2>(where));
         continue;
       }

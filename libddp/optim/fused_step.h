@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <map>
+#include <tuple>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -11,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/StringUtil.h>
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
 namespace ddp::optim::detail {
@@ -40,11 +42,6 @@ inline bool cuda_and_dense(const std::vector<torch::optim::OptimizerParamGroup>&
   return true;
 }
 
-/// Throws UsageError unless `optimizer` can run capturable: its fused path
-/// (CUDA parameters) on a LibTorch whose fused kernels read the learning rate
-/// from a tensor (2.2 and newer).
-void check_capturable(const char* optimizer, bool fused);
-
 /// Capturable mode's learning rates: a 0-dim fp32 tensor per param group and
 /// device, which the fused kernels read instead of a number baked into a
 /// recorded step.
@@ -59,6 +56,17 @@ class DeviceLearningRates {
 
  private:
   std::map<std::pair<std::size_t, c10::DeviceIndex>, at::Tensor> rates_;
+};
+
+/// Capturable mode's device copies (CapturableOptimizer): the learning rates
+/// and, for AdamW, the step counts of each kernel call in one tensor, which
+/// eager steps set from the host's counts and a recorded step increments
+/// itself.
+struct CaptureState {
+  DeviceLearningRates learning_rates;
+  std::map<std::tuple<std::size_t, c10::DeviceIndex, c10::ScalarType>, at::Tensor> steps;
+  // AdamW: the parameters the recorded step steps; each replay counts one step for them on the host.
+  std::vector<torch::optim::AdamWParamState*> recorded;
 };
 
 /// The loss of `closure`, evaluated with gradients on; undefined without one.

@@ -3,27 +3,36 @@
 #include <ATen/ATen.h>
 
 #include <ddp/errors.h>
+#include <ddp/optim.h>
 
 #include "compat/torch_compat.h"
 #include "cuda/stream_capture.h"
 #include "optim/fused_step.h"
 
-namespace ddp::optim::detail {
+namespace ddp::optim {
 
-void check_capturable(const char* optimizer, bool fused) {
+CapturableOptimizer::~CapturableOptimizer() = default;
+
+void CapturableOptimizer::set_capturable(bool capturable) {
+  if (!capturable) {
+    capture_ = nullptr;
+    return;
+  }
   if (!DDP_TORCH_AT_LEAST(2, 2)) {
     throw UsageError(
-        fmt::format("{}: a capturable step needs LibTorch 2.2 or newer (fused kernels that read the "
-                    "learning rate from a tensor); this is {}.{}",
-                    optimizer, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+        fmt::format("ddp::optim: a capturable step needs LibTorch 2.2 or newer (fused kernels that read "
+                    "the learning rate from a tensor); this is {}.{}",
+                    TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
   }
-  if (!fused) {
+  if (!fused()) {
     throw UsageError(
-        fmt::format("{}: a capturable step runs the fused kernels, which need every parameter on a CUDA "
-                    "device with a dense gradient; move the model to the GPU first",
-                    optimizer));
+        "ddp::optim: a capturable step runs the fused kernels, which need every parameter on a CUDA "
+        "device with a dense gradient; move the model to the GPU first");
   }
+  capture_ = std::make_shared<detail::CaptureState>();
 }
+
+namespace detail {
 
 const at::Tensor& DeviceLearningRates::get(std::size_t group, c10::DeviceIndex device, double lr) {
   at::Tensor& rate = rates_[{group, device}];
@@ -41,4 +50,5 @@ void DeviceLearningRates::refresh(const std::vector<torch::optim::OptimizerParam
   for (auto& [where, rate] : rates_) rate.fill_(groups.at(where.first).options().get_lr());
 }
 
-}  // namespace ddp::optim::detail
+}  // namespace detail
+}  // namespace ddp::optim
