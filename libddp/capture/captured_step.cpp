@@ -50,6 +50,9 @@ struct CapturedStep::Impl {
   optim::CapturableOptimizer* optimizer;
   Function function;
   CapturedStepOptions options;
+  // The process group's communicator, which watches each replay; null
+  // without a process group.
+  detail::CommunicatorBase* watcher = nullptr;
   int eager_steps = 0;
   std::vector<at::Tensor> static_inputs;
   at::Tensor static_output;
@@ -144,6 +147,9 @@ CapturedStep::CapturedStep(torch::optim::Optimizer& optimizer, Function function
   impl_->optimizer->set_capturable(true);
   impl_->function = std::move(function);
   impl_->options = std::move(options);
+  if (const auto& group = impl_->options.process_group()) {
+    impl_->watcher = dynamic_cast<detail::CommunicatorBase*>(&group->communicator());
+  }
 }
 
 CapturedStep::~CapturedStep() = default;
@@ -166,10 +172,7 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   }
   impl.optimizer->prepare_replay();
   impl.graph->replay();
-  if (const auto& group = impl.options.process_group()) {
-    auto* communicator = dynamic_cast<detail::CommunicatorBase*>(&group->communicator());
-    if (communicator != nullptr) communicator->watch_current_stream("captured step", "a replayed CUDA graph");
-  }
+  if (impl.watcher != nullptr) impl.watcher->watch_current_stream("captured step", "a replayed CUDA graph");
   return impl.static_output;
 #else
   throw UsageError("ddp::CapturedStep: this libddp was built without CUDA; run the step eagerly");

@@ -94,17 +94,20 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       std::vector<at::Tensor> step_views;
       for (int64_t i = 0; i < steps.numel(); ++i) step_views.push_back(steps[i]);
       const auto [beta1, beta2] = options.betas();
+      // The learning rate as a number, or (capturable) as a device tensor.
+      // Structured bindings are captured by name: C++17 lambdas cannot capture them.
+      const auto run = [&, &list = list, beta1 = beta1, beta2 = beta2](const auto& lr) {
+        at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
+                          lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
+                          /*maximize=*/false);
+      };
 #if DDP_TORCH_AT_LEAST(2, 2)
       if (capture_) {
-        at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
-                          capture_->learning_rates.get(group_index, device.index(), options.lr()), beta1, beta2,
-                          options.weight_decay(), options.eps(), /*amsgrad=*/false, /*maximize=*/false);
+        run(capture_->learning_rates.get(group_index, device.index(), options.lr()));
         continue;
       }
 #endif
-      at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
-                        options.lr(), beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
-                        /*maximize=*/false);
+      run(options.lr());
     }
   }
   return loss;

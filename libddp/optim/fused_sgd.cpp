@@ -58,18 +58,19 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       if (with_momentum) list.momentum_buffers.push_back(buffer);
     }
     for (auto& [where, list] : lists) {
+      // The learning rate as a number, or (capturable) as a device tensor.
+      // Structured bindings are captured by name: C++17 lambdas cannot capture them.
+      const auto run = [&, &list = list, first_step = std::get<2>(where)](const auto& lr) {
+        at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(), lr,
+                        options.dampening(), options.nesterov(), /*maximize=*/false, /*is_first_step=*/first_step);
+      };
 #if DDP_TORCH_AT_LEAST(2, 2)
       if (capture_) {
-        at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(),
-                        capture_->learning_rates.get(group_index, std::get<0>(where), options.lr()),
-                        options.dampening(), options.nesterov(), /*maximize=*/false,
-                        /*is_first_step=*/std::get<2>(where));
+        run(capture_->learning_rates.get(group_index, std::get<0>(where), options.lr()));
         continue;
       }
 #endif
-      at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(),
-                      options.lr(), options.dampening(), options.nesterov(), /*maximize=*/false,
-                      /*is_first_step=*/std::get<2>(where));
+      run(options.lr());
     }
   }
   return loss;

@@ -67,8 +67,7 @@ void Reducer::follow_current_stream() {
     accumulators_[i]->del_post_hook(hook_keys_[i]);
     accumulators_[i] = nullptr;
   }
-  for (std::size_t i = 0; i < parameters_.size(); ++i) hook(i, torch::autograd::impl::grad_accumulator(parameters_[i]));
-  accumulator_stream_ = current;
+  install_hooks();
 }
 
 void Reducer::hook(std::size_t index, compat::GradAccumulatorPtr accumulator) {

@@ -159,11 +159,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // legacy default stream): the callback's copies and stream waits must go
   // where the caller's work goes, or a step recorded into a CUDA graph on a
   // side stream could not be captured.
+  // c10::optional: what OptionalStreamGuard takes in LibTorch 1.13.
   c10::optional<c10::Stream> caller_stream_;
-  c10::Stream accumulator_stream_{
-      c10::Stream::DEFAULT,
-      c10::Device(
-          c10::kCPU)};  // where accumulators_ run  // c10::optional: what OptionalStreamGuard takes in LibTorch 1.13
+  // Where accumulators_ run: the stream current when they were made.
+  c10::Stream accumulator_stream_{c10::Stream::DEFAULT, c10::Device(c10::kCPU)};
   bool unused_marked_ = false;
   std::size_t next_bucket_ = 0;   // buckets launch strictly in order
   std::vector<std::uint8_t> ready_;
