@@ -480,17 +480,17 @@ int main(int argc, char** argv) try {
                                               throughput * workload.flops_per_item / gpus / 1e12)
                                 : "\"flops_per_item\": null, \"tflops_per_gpu\": null";
   const std::string row = fmt::format(
-      "{{\"impl\": \"libddp\", {}, \"precision\": \"{}\", \"gpus\": {}, \"device\": \"{}\", \"batch_per_gpu\": {}, "
+      "{{\"impl\": \"{}\", {}, \"precision\": \"{}\", \"gpus\": {}, \"device\": \"{}\", \"batch_per_gpu\": {}, "
       "\"steps\": {}, \"warmup\": {}, \"step_ms\": {:.3f}, \"throughput\": {:.1f}, \"unit\": \"{}\", "
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
       "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
       "{}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
-      workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmup,
-      1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward),
-      mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops,
-      final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"),
-      !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
+      cuda_graph ? "libddp-graph" : "libddp", workload.json_fields, ddp::to_string(policy.precision()), gpus,
+      device.str(), batch, steps, warmup, 1000 * seconds / static_cast<double>(steps), throughput, workload.unit,
+      mean(forward), mean(backward), mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null",
+      peak_gib, workload.params, flops, final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding),
+      flags.str("param-dtype"), !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

@@ -5,9 +5,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+
+#include <ddp/captured_step.h>
+#include <ddp/errors.h>
 
 #include "lr_schedule.h"
 #include "progress.h"
@@ -31,7 +36,10 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
       .add_switch("resume", "continue from --checkpoint if it exists")
       .add("eval-every", "0", "steps between evaluations (0: only at the end)")
       .add("metrics", "", "JSON-lines metrics log (rank 0)")
-      .add("fail-at-step", "-1", "testing restarts: the last rank aborts after this step on the first attempt");
+      .add("fail-at-step", "-1", "testing restarts: the last rank aborts after this step on the first attempt")
+      .add_switch("cuda-graph",
+                  "record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after "
+                  "3 eager steps and replay it: one launch per step (GPU only)");
 }
 
 TrainerOptions trainer_options(const Flags& flags) {
@@ -42,6 +50,7 @@ TrainerOptions trainer_options(const Flags& flags) {
   options.warmup_steps = flags.integer("warmup");
   options.grad_accum = flags.integer("grad-accum");
   options.clip_grad_norm = flags.real("clip-grad-norm");
+  options.cuda_graph = flags.on("cuda-graph");
   options.log_every = flags.integer("log-every");
   options.checkpoint = flags.str("checkpoint");
   options.checkpoint_every = flags.integer("checkpoint-every");
@@ -76,7 +85,26 @@ Trainer::Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::Pr
       policy_(policy),
       optimizer_(optimizer),
       options_(std::move(options)),
-      scaler_(ddp::GradScaler::for_policy(policy, process_group_)) {}
+      scaler_(ddp::GradScaler::for_policy(policy, process_group_)) {
+  if (options_.cuda_graph && !process_group_->device().is_cuda()) {
+    throw ddp::UsageError(
+        "--cuda-graph records the step into a CUDA graph, which needs a CUDA device; drop it on the CPU");
+  }
+}
+
+namespace {
+
+/// A recorded step zeroes its gradients in place: every replay must write
+/// the same tensors (zero_grad() frees them in LibTorch 2).
+void zero_gradients_in_place(torch::optim::Optimizer& optimizer) {
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& parameter : group.params()) {
+      if (parameter.grad().defined()) parameter.mutable_grad().zero_();
+    }
+  }
+}
+
+}  // namespace
 
 void Trainer::save(const TrainingCallbacks& callbacks, std::int64_t step) {
   TrainingState state;
@@ -123,13 +151,19 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     progress.event("eval", fmt::format("\"step\": {}, {}", at_step, json));
   };
 
-  while (step < options_.steps) {
-    const double lr = warmup_cosine(step, options_.warmup_steps, options_.steps, options_.peak_lr, options_.min_lr);
-    for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
-    optimizer_.zero_grad();
+  // One optimizer step over the micro-batches' tensors, laid end to end.
+  const auto train_step = [&](const std::vector<at::Tensor>& inputs) {
+    if (options_.cuda_graph) {
+      zero_gradients_in_place(optimizer_);
+    } else {
+      optimizer_.zero_grad();
+    }
+    const auto per_micro_batch = static_cast<std::ptrdiff_t>(inputs.size()) / options_.grad_accum;
     at::Tensor loss;
     for (std::int64_t micro = 0; micro < options_.grad_accum; ++micro) {
-      loss = callbacks.micro_step(/*sync=*/micro + 1 == options_.grad_accum, scaler_, loss_weight);
+      const auto first = inputs.begin() + micro * per_micro_batch;
+      loss = callbacks.micro_step({first, first + per_micro_batch}, /*sync=*/micro + 1 == options_.grad_accum, scaler_,
+                                  loss_weight);
     }
     if (options_.clip_grad_norm > 0) {
       scaler_.unscale_(optimizer_);
@@ -137,7 +171,26 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     }
     scaler_.step(optimizer_);
     scaler_.update();
+    return loss;
+  };
+  std::optional<ddp::CapturedStep> captured;
+  if (options_.cuda_graph) {
+    captured.emplace(optimizer_, train_step, ddp::CapturedStepOptions().process_group(process_group_));
+  }
+
+  while (step < options_.steps) {
+    const double lr = warmup_cosine(step, options_.warmup_steps, options_.steps, options_.peak_lr, options_.min_lr);
+    for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+    std::vector<at::Tensor> inputs;
+    for (std::int64_t micro = 0; micro < options_.grad_accum; ++micro) {
+      for (at::Tensor& tensor : callbacks.next_batch()) inputs.push_back(std::move(tensor));
+    }
+    const bool recorded_before = captured && captured->captured();
+    const at::Tensor loss = captured ? (*captured)(inputs) : train_step(inputs);
     ++step;
+    if (captured && !recorded_before && captured->captured()) {
+      progress.note(fmt::format("step {} recorded into a CUDA graph; the later steps replay it", step));
+    }
     ++window_steps;
 
     if (step % options_.log_every == 0 || step == options_.steps) {

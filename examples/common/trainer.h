@@ -43,6 +43,10 @@ struct TrainerOptions {
   std::string unit;                  ///< "img/s" or "tok/s".
   double items_per_micro_batch = 0;  ///< Images or tokens per micro-batch and rank.
   std::string fingerprint;           ///< What a checkpoint must match to be resumed.
+  /// Records the whole step (micro-batches, clipping, loss scaling, the
+  /// optimizer) into a CUDA graph after a few eager steps and replays it
+  /// (ddp::CapturedStep).
+  bool cuda_graph = false;
 };
 
 /// Declares the flags of TrainerOptions, with the example's defaults for the
@@ -52,10 +56,16 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
 TrainerOptions trainer_options(const Flags& flags);
 
 struct TrainingCallbacks {
+  /// The next micro-batch's tensors, on the device: what a recorded step
+  /// reads is copied into its own tensors before each replay.
+  std::function<std::vector<at::Tensor>()> next_batch;
   /// Forward and backward of one micro-batch: the forward under the
   /// precision guard, then scaler.scale(loss * loss_weight).backward(); with
   /// sync false inside the DDP module's no_sync(). Returns the loss, detached.
-  std::function<at::Tensor(bool sync, ddp::GradScaler& scaler, double loss_weight)> micro_step;
+  /// It must not read values on the host (it may be recorded into a CUDA graph).
+  std::function<at::Tensor(const std::vector<at::Tensor>& batch, bool sync, ddp::GradScaler& scaler,
+                           double loss_weight)>
+      micro_step;
   std::function<std::vector<std::int64_t>()> data_position;
   std::function<void(const std::vector<std::int64_t>&)> seek_data;
   /// Clips the gradients the optimizer steps to a norm over the whole model

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -32,13 +33,14 @@ using DataParallelLlama = ddp::DistributedDataParallel<llama::Llama>;
 
 // Evaluation runs through DDP too: it brings sharded parameters up to date
 // after the optimizer's step, and under kFull gathers each block as it runs.
-at::Tensor next_token_loss(DataParallelLlama& model, const data::TokenBatch& batch, const c10::Device& device,
+// `tokens`: [B, T + 1] on the device; the inputs are the first T of each
+// row, the targets the last T.
+at::Tensor next_token_loss(DataParallelLlama& model, const at::Tensor& tokens, const c10::Device& device,
                            const ddp::PrecisionPolicy& policy) {
-  const at::Tensor inputs = batch.inputs().to(device, /*non_blocking=*/true);
-  const at::Tensor targets = batch.targets().to(device, /*non_blocking=*/true);
+  const std::int64_t length = tokens.size(1) - 1;
   ddp::PrecisionGuard guard(policy, device);
-  const at::Tensor logits = model(inputs);
-  return llama::next_token_loss(logits, targets);
+  const at::Tensor logits = model(tokens.narrow(1, 0, length));
+  return llama::next_token_loss(logits, tokens.narrow(1, 1, length));
 }
 
 }  // namespace
@@ -179,11 +181,14 @@ int main(int argc, char** argv) try {
 
   const bool agree_on_float8_scales = policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed;
   examples::TrainingCallbacks callbacks;
-  callbacks.micro_step = [&](bool sync, ddp::GradScaler& scaler, double loss_weight) {
-    const data::TokenBatch tokens = train_data->next();
+  callbacks.next_batch = [&] {
+    return std::vector<at::Tensor>{train_data->next().tokens.to(device, /*non_blocking=*/true)};
+  };
+  callbacks.micro_step = [&](const std::vector<at::Tensor>& batch, bool sync, ddp::GradScaler& scaler,
+                             double loss_weight) {
     std::optional<DataParallelLlama::NoSyncGuard> no_sync;
     if (!sync) no_sync.emplace(ddp_model.no_sync());
-    const at::Tensor loss = next_token_loss(ddp_model, tokens, device, policy);
+    const at::Tensor loss = next_token_loss(ddp_model, batch[0], device, policy);
     scaler.scale(loss * loss_weight).backward();
     // Delayed scaling: every rank then casts with the same scales, and rank
     // 0's checkpoint holds every rank's FP8 state, so --resume is exact.
@@ -201,7 +206,7 @@ int main(int argc, char** argv) try {
       val_data->seek(0);
       at::Tensor total = torch::zeros({1}, torch::TensorOptions().device(device));
       for (std::int64_t i = 0; i < eval_batches; ++i) {
-        total += next_token_loss(ddp_model, val_data->next(), device, policy);
+        total += next_token_loss(ddp_model, val_data->next().tokens.to(device, /*non_blocking=*/true), device, policy);
       }
       process_group->communicator().all_reduce(total, ddp::ReduceOp::kAvg)->wait();
       const double loss = total.item<double>() / static_cast<double>(eval_batches);

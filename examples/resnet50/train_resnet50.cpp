@@ -10,6 +10,8 @@
 
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -134,16 +136,20 @@ int main(int argc, char** argv) try {
 
   const auto criterion = torch::nn::CrossEntropyLossOptions().label_smoothing(flags.real("label-smoothing"));
   examples::TrainingCallbacks callbacks;
-  callbacks.micro_step = [&](bool sync, ddp::GradScaler& scaler, double loss_weight) {
+  callbacks.next_batch = [&] {
     const data::ImageBatch batch_data = train_data->next();
+    return std::vector<at::Tensor>{batch_data.images, batch_data.labels};
+  };
+  callbacks.micro_step = [&](const std::vector<at::Tensor>& batch, bool sync, ddp::GradScaler& scaler,
+                             double loss_weight) {
     std::optional<ddp::DistributedDataParallel<resnet::ResNet>::NoSyncGuard> no_sync;
     if (!sync) no_sync.emplace(ddp_model.no_sync());
     at::Tensor loss;
     {
       ddp::PrecisionGuard guard(policy, device);
-      loss = torch::nn::functional::cross_entropy(ddp_model(batch_data.images), batch_data.labels,
-                                                  torch::nn::functional::CrossEntropyFuncOptions()
-                                                      .label_smoothing(criterion.label_smoothing()));
+      loss = torch::nn::functional::cross_entropy(
+          ddp_model(batch[0]), batch[1],
+          torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(criterion.label_smoothing()));
     }
     scaler.scale(loss * loss_weight).backward();
     return loss.detach();

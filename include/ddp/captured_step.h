@@ -54,10 +54,17 @@ struct CapturedStepOptions {
 /// rate each step works, since the rate is copied to the device before
 /// every replay.
 ///
+/// A ddp::GradScaler works inside the step: its scale, its inf/NaN check
+/// (agreed across ranks) and the skipping of a step stay on the device.
+/// Accumulation over micro-batches (no_sync) belongs inside the function, so
+/// that one graph records every micro-step. Warm-up lasts at least
+/// warmup_steps calls, and until the optimizer has stepped every parameter
+/// (a GradScaler may skip the first steps).
+///
 /// What cannot be recorded is a UsageError that says so: inputs off the GPU,
-/// another optimizer, a step that synchronises with the host (find_unused_
-/// parameters without static_graph, a GradScaler's host-side check), inputs
-/// of another shape or dtype than the recorded ones (reset() records anew).
+/// another optimizer, a step that synchronises with the host (`.item()`,
+/// find_unused_parameters without static_graph), inputs of another shape or
+/// dtype than the recorded ones (reset() records anew).
 class DDP_API CapturedStep {
  public:
   /// The function a step runs: the batch's tensors in, a result out (the

@@ -83,7 +83,10 @@ class DDP_API GradScaler {
   /// whether any is inf/NaN. At most once per optimizer between update()s.
   void unscale_(torch::optim::Optimizer& optimizer);
   /// Unscales if not done yet, then steps the optimizer unless some rank
-  /// found inf/NaN. Returns whether the optimizer stepped.
+  /// found inf/NaN. Returns whether the optimizer stepped. Recorded into a
+  /// CUDA graph (ddp::CapturedStep) with a capturable optimizer, the
+  /// decision stays on the device (the fused kernels skip the step, no host
+  /// wait) and this returns true: the optimizer was asked to step.
   bool step(torch::optim::Optimizer& optimizer);
   /// Backs the scale off if this iteration's steps found inf/NaN, grows it
   /// after growth_interval clean iterations. Call once per iteration, after step().

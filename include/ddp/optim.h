@@ -19,8 +19,10 @@ struct CaptureState;
 /// from tensors on the device instead: the graph advances the counts itself,
 /// and prepare_replay() copies each group's learning rate from its options
 /// before every replay, so a schedule that sets the options' lr each step
-/// works as it does eagerly. Checkpoints keep the host's counts, which
-/// prepare_replay() advances too.
+/// works as it does eagerly. After replays the device holds the true step
+/// counts (a replay that a GradScaler skipped counts none); sync_host_state()
+/// brings them back into the optimizer's state, as checkpoints and eager
+/// steps do before reading it.
 class DDP_API CapturableOptimizer {
  public:
   virtual ~CapturableOptimizer();
@@ -34,11 +36,28 @@ class DDP_API CapturableOptimizer {
   void set_capturable(bool capturable);
   /// Whether capturable mode is on.
   bool capturable() const { return capture_ != nullptr; }
-  /// Before each replay of a recorded step: the learning rates to the
-  /// device, and one more step counted on the host.
+  /// Before each replay of a recorded step: the learning rates to the device.
   virtual void prepare_replay() = 0;
+  /// One step, skipped where `found_inf` (one fp32 element on the
+  /// parameters' device) is nonzero: how ddp::GradScaler steps. Inside a
+  /// recording the fused kernels read it on the device, with no wait for the
+  /// GPU; run eagerly, the step reads it on the host first.
+  void step_unless_found_inf(const at::Tensor& found_inf);
+  /// Whether every parameter with a gradient has its optimizer state (a
+  /// step created it): a recorded step must not create state, since a
+  /// replay would create it again every time. ddp::CapturedStep warms up
+  /// until this holds (a GradScaler may skip the first steps).
+  virtual bool has_state_for_every_gradient() const = 0;
+  /// Copies the step counts that replays advanced on the device into the
+  /// optimizer's state (one wait for the GPU; nothing without replays since
+  /// the last call). libddp's checkpoints call it; call it before reading
+  /// state() yourself.
+  virtual void sync_host_state() const {}
 
  protected:
+  /// The fused step, skipped on the device where `found_inf` (if defined) is nonzero.
+  virtual void fused_step(const at::Tensor& found_inf) = 0;
+
   std::shared_ptr<detail::CaptureState> capture_;  ///< The device copies; null unless capturable.
 };
 
@@ -55,6 +74,11 @@ class DDP_API FusedAdamW : public torch::optim::AdamW, public CapturableOptimize
   torch::Tensor step(LossClosure closure = nullptr) override;
   bool fused() const override;
   void prepare_replay() override;
+  bool has_state_for_every_gradient() const override;
+  void sync_host_state() const override;
+
+ private:
+  void fused_step(const at::Tensor& found_inf) override;
 };
 
 /// torch::optim::SGD whose step runs ATen's fused multi-tensor kernel
@@ -71,6 +95,10 @@ class DDP_API FusedSGD : public torch::optim::SGD, public CapturableOptimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   bool fused() const override;
   void prepare_replay() override;
+  bool has_state_for_every_gradient() const override;
+
+ private:
+  void fused_step(const at::Tensor& found_inf) override;
 };
 
 }  // namespace ddp::optim

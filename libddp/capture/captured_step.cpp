@@ -47,7 +47,8 @@ std::string first_line(const std::exception& error) {
 }  // namespace
 
 struct CapturedStep::Impl {
-  optim::CapturableOptimizer* optimizer;
+  torch::optim::Optimizer* stepped = nullptr;
+  optim::CapturableOptimizer* optimizer = nullptr;
   Function function;
   CapturedStepOptions options;
   // The process group's communicator, which watches each replay; null
@@ -56,6 +57,11 @@ struct CapturedStep::Impl {
   int eager_steps = 0;
   std::vector<at::Tensor> static_inputs;
   at::Tensor static_output;
+  // The gradients the optimizer's parameters had when the recording began.
+  // The recording zeroes them, and a backward (e.g. a sharded mode's) may
+  // then give the parameters new ones: every replay still writes the old
+  // tensors, whose memory must therefore never go to another tensor.
+  std::vector<at::Tensor> gradients_at_recording;
 #ifdef DDP_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
@@ -91,6 +97,12 @@ struct CapturedStep::Impl {
 
 #ifdef DDP_WITH_CUDA
   void record(const std::vector<at::Tensor>& inputs) {
+    gradients_at_recording.clear();
+    for (const auto& group : stepped->param_groups()) {
+      for (const auto& param : group.params()) {
+        if (param.grad().defined()) gradients_at_recording.push_back(param.grad());
+      }
+    }
     static_inputs.clear();
     for (const at::Tensor& input : inputs) static_inputs.push_back(input.clone());
     const c10::Device device =
@@ -118,7 +130,7 @@ struct CapturedStep::Impl {
         throw UsageError(fmt::format(
             "ddp::CapturedStep: the step could not be recorded into a CUDA graph: {}. A recorded step must not "
             "wait for the GPU on the host: no .item() or copy to the CPU, no find_unused_parameters without "
-            "static_graph, no GradScaler host check; run such steps eagerly",
+            "static_graph; run such steps eagerly",
             first_line(error)));
       }
       graph->capture_end();
@@ -138,6 +150,7 @@ CapturedStep::CapturedStep(torch::optim::Optimizer& optimizer, Function function
                     "(DistributedDataParallel settles its buckets after it)",
                     options.warmup_steps()));
   }
+  impl_->stepped = &optimizer;
   impl_->optimizer = dynamic_cast<optim::CapturableOptimizer*>(&optimizer);
   if (impl_->optimizer == nullptr) {
     throw UsageError(
@@ -160,7 +173,10 @@ at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   // Results are returned detached: a result that kept its autograd graph
   // would keep that graph's AccumulateGrad nodes alive, and DDP's reducer
   // could not make the nodes anew on the recording stream.
-  if (impl.eager_steps < impl.options.warmup_steps()) {
+  // Warm-up lasts until the optimizer has state for every parameter too: a
+  // GradScaler may skip the first steps, and a recorded step must not create
+  // state that every replay would create again.
+  if (impl.eager_steps < impl.options.warmup_steps() || !impl.optimizer->has_state_for_every_gradient()) {
     ++impl.eager_steps;
     return impl.function(inputs).detach();
   }
@@ -185,6 +201,7 @@ void CapturedStep::reset() {
 #endif
   impl_->static_inputs.clear();
   impl_->static_output = at::Tensor();
+  impl_->gradients_at_recording.clear();
   impl_->eager_steps = 0;
 }
 

@@ -10,6 +10,7 @@
 #include <torch/serialize/archive.h>
 
 #include <ddp/errors.h>
+#include <ddp/optim.h>
 
 #include "checkpoint/optimizer_param_state.h"
 #include "sharding/sharded_parameters.h"
@@ -25,6 +26,10 @@ void save_optimizer_state(const torch::optim::Optimizer& optimizer, const std::v
                           const std::vector<std::string>& names, ShardedParameters* sharded, Communicator& comm,
                           torch::serialize::OutputArchive& archive) {
   c10::NoGradGuard no_grad;
+  // Replays of a recorded step count AdamW's steps on the device.
+  if (const auto* capturable = dynamic_cast<const optim::CapturableOptimizer*>(&optimizer)) {
+    capturable->sync_host_state();
+  }
   const OptimizerKind kind = kind_of(optimizer);
   const std::vector<std::string> tensors = state_tensor_names(kind, optimizer);
   const bool writes = comm.rank() == 0;

@@ -5,6 +5,8 @@
 #include <ddp/errors.h>
 #include <ddp/optim.h>
 
+#include <torch/optim/optimizer.h>
+
 #include "compat/torch_compat.h"
 #include "cuda/stream_capture.h"
 #include "optim/fused_step.h"
@@ -30,6 +32,14 @@ void CapturableOptimizer::set_capturable(bool capturable) {
         "device with a dense gradient; move the model to the GPU first");
   }
   capture_ = std::make_shared<detail::CaptureState>();
+}
+
+void CapturableOptimizer::step_unless_found_inf(const at::Tensor& found_inf) {
+  if (ddp::detail::current_stream_capturing()) {
+    fused_step(found_inf);
+    return;
+  }
+  if (found_inf.item<float>() == 0.0f) dynamic_cast<torch::optim::Optimizer&>(*this).step();
 }
 
 namespace detail {

@@ -16,7 +16,7 @@ namespace ddp::optim {
 void FusedAdamW::prepare_replay() {
   if (!capture_) return;
   capture_->learning_rates.refresh(param_groups_);
-  for (torch::optim::AdamWParamState* state : capture_->recorded) state->step(state->step() + 1);
+  capture_->host_counts_stale = !capture_->recorded.empty();
 }
 
 bool FusedAdamW::fused() const {
@@ -30,15 +30,46 @@ bool FusedAdamW::fused() const {
 #endif
 }
 
+bool FusedAdamW::has_state_for_every_gradient() const {
+  for (const auto& group : param_groups_) {
+    if (!detail::has_state_for_every_gradient(group, state_)) return false;
+  }
+  return true;
+}
+
+void FusedAdamW::sync_host_state() const {
+  if (!capture_ || !capture_->host_counts_stale) return;
+  for (const auto& counts : capture_->recorded) {
+    const at::Tensor steps = counts.steps.to(at::kCPU);  // waits for the replays
+    const float* values = steps.data_ptr<float>();
+    for (std::size_t i = 0; i < counts.params.size(); ++i) {
+      const auto found = state_.find(detail::state_key<decltype(state_)>(counts.params[i]));
+      if (found == state_.end()) continue;  // a checkpoint loaded since dropped it
+      static_cast<torch::optim::AdamWParamState&>(*found->second).step(static_cast<int64_t>(values[i]));
+    }
+  }
+  capture_->host_counts_stale = false;
+}
+
 torch::Tensor FusedAdamW::step(LossClosure closure) {
   if (!fused()) return torch::optim::AdamW::step(std::move(closure));
-#if DDP_TORCH_HAS_FUSED_ADAMW
   const torch::Tensor loss = detail::evaluate(closure);
+  fused_step(/*found_inf=*/{});
+  return loss;
+}
+
+void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
+#if DDP_TORCH_HAS_FUSED_ADAMW
   torch::NoGradGuard no_grad;
-  // Recorded into a CUDA graph, a step counts on the device only; the host
-  // counts each replay (prepare_replay).
+  // Recorded into a CUDA graph, a step counts on the device only;
+  // sync_host_state() reads the counts back.
   const bool capturing = ddp::detail::current_stream_capturing();
-  if (capture_ && !capturing) capture_->recorded.clear();
+  TORCH_CHECK(!capturing || capture_,
+              "ddp::optim::FusedAdamW: a step recorded into a CUDA graph needs set_capturable(true)");
+  if (capture_ && !capturing) {
+    sync_host_state();
+    capture_->recorded.clear();
+  }
   for (std::size_t group_index = 0; group_index < param_groups_.size(); ++group_index) {
     auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -52,6 +83,9 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       if (!param.grad().defined()) continue;
       auto& slot = state_[detail::state_key<decltype(state_)>(param)];
       if (!slot) {
+        TORCH_CHECK(!capturing,
+                    "ddp::optim::FusedAdamW: a recorded step would create optimizer state (a replay would create it "
+                    "again); step every parameter eagerly first");
         auto state = std::make_unique<torch::optim::AdamWParamState>();
         state->step(0);
         state->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
@@ -59,14 +93,9 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
         slot = std::move(state);
       }
       auto& state = static_cast<torch::optim::AdamWParamState&>(*slot);
-      // The host count stays the truth (it is what checkpoints hold); the
-      // kernel reads its own copy of the incremented step.
-      if (capturing) {
-        TORCH_CHECK(capture_, "ddp::optim::FusedAdamW: a step recorded into a CUDA graph needs set_capturable(true)");
-        capture_->recorded.push_back(&state);
-      } else {
-        state.step(state.step() + 1);
-      }
+      // Eagerly the host count is the truth and the kernel reads a copy of
+      // it; recorded, the device count advances itself.
+      if (!capturing) state.step(state.step() + 1);
       Lists& list = lists[{param.device().index(), param.scalar_type()}];
       list.params.push_back(param);
       list.grads.push_back(param.grad());
@@ -76,20 +105,33 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
     }
     for (auto& [where, list] : lists) {
       const c10::Device device = list.params.front().device();
+      const auto key = std::make_tuple(group_index, device.index(), std::get<1>(where));
       at::Tensor steps;
       if (capturing) {
         // The tensor the eager steps before the capture kept: the graph counts on.
-        steps = capture_->steps.at({group_index, device.index(), std::get<1>(where)});
+        steps = capture_->steps.at(key);
         TORCH_CHECK(steps.numel() == static_cast<int64_t>(list.params.size()),
                     "ddp::optim::FusedAdamW: the recorded step updates other parameters than the eager step before it");
         steps.add_(1);
+        capture_->recorded.push_back({list.params, steps});
       } else {
         // One host-to-device copy for all the steps of this call, from pinned
         // memory and asynchronous: a copy from pageable memory makes the host
         // wait for everything queued before it (the whole backward), and the
         // GPU then idles while the host launches the optimizer's kernels.
-        steps = at::tensor(list.steps, at::kFloat).pin_memory().to(device, at::kFloat, /*non_blocking=*/true);
-        if (capture_) capture_->steps[{group_index, device.index(), std::get<1>(where)}] = steps;
+        const at::Tensor counts = at::tensor(list.steps, at::kFloat).pin_memory();
+        at::Tensor* kept = nullptr;
+        if (capture_) {
+          const auto found = capture_->steps.find(key);
+          if (found != capture_->steps.end() && found->second.numel() == counts.numel()) kept = &found->second;
+        }
+        if (kept != nullptr) {
+          // Into the tensor a recorded step reads, so that its replays count on from here.
+          steps = kept->copy_(counts, /*non_blocking=*/true);
+        } else {
+          steps = counts.to(device, at::kFloat, /*non_blocking=*/true);
+          if (capture_) capture_->steps[key] = steps;
+        }
       }
       std::vector<at::Tensor> step_views;
       for (int64_t i = 0; i < steps.numel(); ++i) step_views.push_back(steps[i]);
@@ -99,20 +141,21 @@ torch::Tensor FusedAdamW::step(LossClosure closure) {
       const auto run = [&, &list = list, beta1 = beta1, beta2 = beta2](const auto& lr) {
         at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
                           lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
-                          /*maximize=*/false);
+                          /*maximize=*/false, /*grad_scale=*/std::nullopt, detail::skip_flag(found_inf));
       };
 #if DDP_TORCH_AT_LEAST(2, 2)
       if (capture_) {
         run(capture_->learning_rates.get(group_index, device.index(), options.lr()));
-        continue;
+      } else {
+        run(options.lr());
       }
-#endif
+#else
       run(options.lr());
+#endif
+      // The kernel leaves a skipped step's parameters and moments alone; its count is taken back.
+      if (found_inf.defined()) steps.sub_(found_inf);
     }
   }
-  return loss;
-#else
-  return {};
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
+#include "cuda/stream_capture.h"
 #include "optim/fused_step.h"
 
 namespace ddp::optim {
@@ -23,11 +24,26 @@ void FusedSGD::prepare_replay() {
   if (capture_) capture_->learning_rates.refresh(param_groups_);
 }
 
+bool FusedSGD::has_state_for_every_gradient() const {
+  // Only momentum keeps state.
+  for (const auto& group : param_groups_) {
+    if (static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() == 0) continue;
+    if (!detail::has_state_for_every_gradient(group, state_)) return false;
+  }
+  return true;
+}
+
 torch::Tensor FusedSGD::step(LossClosure closure) {
   if (!fused()) return torch::optim::SGD::step(std::move(closure));
-#if DDP_TORCH_HAS_FUSED_SGD
   const torch::Tensor loss = detail::evaluate(closure);
+  fused_step(/*found_inf=*/{});
+  return loss;
+}
+
+void FusedSGD::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
+#if DDP_TORCH_HAS_FUSED_SGD
   torch::NoGradGuard no_grad;
+  const bool capturing = ddp::detail::current_stream_capturing();
   for (std::size_t group_index = 0; group_index < param_groups_.size(); ++group_index) {
     auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
@@ -45,6 +61,9 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       if (with_momentum) {
         auto& slot = state_[detail::state_key<decltype(state_)>(param)];
         if (!slot) {
+          TORCH_CHECK(!capturing,
+                      "ddp::optim::FusedSGD: a recorded step would start a momentum buffer (every replay would "
+                      "start it anew); step every parameter eagerly first");
           auto state = std::make_unique<torch::optim::SGDParamState>();
           state->momentum_buffer(at::empty_like(param, at::MemoryFormat::Preserve));
           slot = std::move(state);
@@ -62,7 +81,8 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       // Structured bindings are captured by name: C++17 lambdas cannot capture them.
       const auto run = [&, &list = list, first_step = std::get<2>(where)](const auto& lr) {
         at::_fused_sgd_(list.params, list.grads, list.momentum_buffers, options.weight_decay(), options.momentum(), lr,
-                        options.dampening(), options.nesterov(), /*maximize=*/false, /*is_first_step=*/first_step);
+                        options.dampening(), options.nesterov(), /*maximize=*/false, /*is_first_step=*/first_step,
+                        /*grad_scale=*/std::nullopt, detail::skip_flag(found_inf));
       };
 #if DDP_TORCH_AT_LEAST(2, 2)
       if (capture_) {
@@ -73,9 +93,6 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
       run(options.lr());
     }
   }
-  return loss;
-#else
-  return {};
 #endif
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <string>
 #include <type_traits>
@@ -60,14 +61,35 @@ class DeviceLearningRates {
 
 /// Capturable mode's device copies (CapturableOptimizer): the learning rates
 /// and, for AdamW, the step counts of each kernel call in one tensor, which
-/// eager steps set from the host's counts and a recorded step increments
+/// eager steps set from the host's counts and a recorded step advances
 /// itself.
 struct CaptureState {
+  /// The parameters of one recorded kernel call and their step counts.
+  struct RecordedCounts {
+    std::vector<at::Tensor> params;
+    at::Tensor steps;
+  };
   DeviceLearningRates learning_rates;
   std::map<std::tuple<std::size_t, c10::DeviceIndex, c10::ScalarType>, at::Tensor> steps;
-  // AdamW: the parameters the recorded step steps; each replay counts one step for them on the host.
-  std::vector<torch::optim::AdamWParamState*> recorded;
+  // AdamW: the counts the recorded step advances, and whether replays have
+  // advanced them since the host last read them.
+  std::vector<RecordedCounts> recorded;
+  bool host_counts_stale = false;
 };
+
+/// Whether `states` holds an entry for every parameter of `group` that has a gradient.
+template <typename StateMap>
+bool has_state_for_every_gradient(const torch::optim::OptimizerParamGroup& group, const StateMap& states) {
+  for (const auto& param : group.params()) {
+    if (param.grad().defined() && states.count(state_key<StateMap>(param)) == 0) return false;
+  }
+  return true;
+}
+
+/// The one-element tensor the fused kernels skip on, or none.
+inline std::optional<at::Tensor> skip_flag(const at::Tensor& found_inf) {
+  return found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+}
 
 /// The loss of `closure`, evaluated with gradients on; undefined without one.
 inline at::Tensor evaluate(const torch::optim::Optimizer::LossClosure& closure) {

@@ -11,8 +11,10 @@
 #include <torch/serialize/archive.h>
 
 #include <ddp/errors.h>
+#include <ddp/optim.h>
 
 #include "compat/torch_compat.h"
+#include "cuda/stream_capture.h"
 
 namespace ddp {
 namespace {
@@ -171,6 +173,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     unscale_grads(grads, found_here, inv_scale.to(device));
     found_inf.add_(found_here.to(found_inf.device()));
   }
+  // One per device that found inf/NaN: the fused optimizers skip on exactly 1.
+  found_inf.clamp_max_(1.0);
   impl_->agree_across_ranks(found_inf);
   stage.unscaled = true;
   stage.found_inf = found_inf;
@@ -184,11 +188,19 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   auto& stage = impl_->stages[&optimizer];
   if (stage.stepped) throw Error("GradScaler::step() was already called on this optimizer since the last update()");
   if (!stage.unscaled) unscale_(optimizer);
-  // The one host synchronisation of a step, as in torch.amp: whether to step
-  // is a host decision.
+  stage.stepped = true;
+  // Recorded into a CUDA graph, the decision stays on the device: the fused
+  // kernels skip the step themselves (what torch.amp does for optimizers
+  // that take found_inf).
+  auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer);
+  if (capturable != nullptr && detail::current_stream_capturing()) {
+    capturable->step_unless_found_inf(stage.found_inf);
+    return true;
+  }
+  // Otherwise the one host synchronisation of a step, as in torch.amp:
+  // whether to step is a host decision.
   const bool skip = stage.found_inf.item<float>() != 0.0f;
   if (!skip) optimizer.step();
-  stage.stepped = true;
   return !skip;
 }
 

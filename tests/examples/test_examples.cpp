@@ -3,7 +3,6 @@
 // where it stopped, and bad input is refused with a clear message.
 
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -13,23 +12,12 @@
 #include <gtest/gtest.h>
 
 #include "ddprun_runner.h"
+#include "metrics_log.h"
 
 namespace {
 
 using namespace ddp::launcher::testing;
-
-/// step -> loss from a metrics log; a step logged twice (a restarted run
-/// repeats the steps after its checkpoint) keeps the later value.
-std::map<int, double> losses(const std::string& metrics_path) {
-  std::ifstream file(metrics_path);
-  std::map<int, double> result;
-  const std::regex line_pattern(R"re(^\{"step": (\d+), "loss": ([-0-9.e+naif]+))re");
-  for (std::string line; std::getline(file, line);) {
-    std::smatch match;
-    if (std::regex_search(line, match, line_pattern)) result[std::stoi(match[1])] = std::stod(match[2]);
-  }
-  return result;
-}
+using examples::testing::losses;
 
 double mean_of(const std::map<int, double>& values, int first, int last) {
   double sum = 0;
@@ -181,6 +169,7 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
+      {TRAIN_RESNET50, {"--cuda-graph"}, "--cuda-graph records the step into a CUDA graph, which needs a CUDA device"},
   };
   for (const auto& c : cases) {
     const auto result = train(c.program, c.args, scratch);

@@ -2,6 +2,9 @@
 // the eager one, and what cannot be recorded is a clear error.
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,11 +35,51 @@ std::string usage_error_of(Run&& run) {
   return "";
 }
 
-TEST(CapturedStep, ReplaysTrainAsTheEagerStepOnOneGpu) {
-  expect_all_succeeded(run_ranks(1, [](int) {
-    const double difference = check_captured_step_matches_eager(init_nccl(), /*steps=*/8, /*tolerance=*/1e-6);
-    std::printf("captured vs eager, 1 GPU: largest difference %.3g\n", difference);
+/// The scenario on one GPU, in a rank process of its own (NCCL's world of
+/// one; one per test, as a rank process runs its test's first run_ranks()
+/// body), where the scalers' scales and AdamW's step counts must agree too
+/// and match `expected_scale` and `expected_adamw_steps`.
+void expect_captured_matches_eager(const CapturedScenario& scenario, const char* name, double expected_scale = 1,
+                                   std::int64_t expected_adamw_steps = 8) {
+  expect_all_succeeded(run_ranks(1, [&](int) {
+    const CapturedComparison result = check_captured_step_matches_eager(init_nccl(), scenario);
+    std::printf("captured vs eager, 1 GPU, %s: largest difference %.3g, scales %g / %g, AdamW steps %lld / %lld\n",
+                name, result.difference, result.eager_scale, result.captured_scale,
+                static_cast<long long>(result.eager_adamw_steps), static_cast<long long>(result.captured_adamw_steps));
+    if (result.eager_scale != expected_scale || result.captured_scale != expected_scale) {
+      throw std::runtime_error("a scaler's scale is not " + std::to_string(expected_scale));
+    }
+    if (result.eager_adamw_steps != expected_adamw_steps || result.captured_adamw_steps != expected_adamw_steps) {
+      throw std::runtime_error("AdamW's step count is not " + std::to_string(expected_adamw_steps));
+    }
   }));
+}
+
+TEST(CapturedStep, ReplaysTrainAsTheEagerStepOnOneGpu) { expect_captured_matches_eager(CapturedScenario(), "fp32"); }
+
+// Step 0's inf skips the first warm-up step (the warm-up lasts until the
+// optimizer has state); step 5's inf is found in a replay, on the device.
+// Each backs the scale off, and neither counts an AdamW step.
+TEST(CapturedStep, GradScalerSkipsInfStepsInsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().grad_scaler(true).inf_steps({0, 5}), "fp16 + GradScaler",
+                                65536.0 / 4, 8 - 2);
+}
+
+TEST(CapturedStep, NoSyncMicroBatchesAreRecordedInOneGraph) {
+  expect_captured_matches_eager(CapturedScenario().micro_batches(3), "3 micro-batches");
+}
+
+TEST(CapturedStep, Float8DelayedScalingInsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().float8(true), "fp8 delayed scaling");
+}
+
+TEST(CapturedStep, ShardedOptimizerInsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().sharding(ddp::Sharding::kOptimizer), "ZeRO-1");
+}
+
+TEST(CapturedStep, ShardedGradientsWithGradScalerInsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().sharding(ddp::Sharding::kGradients).grad_scaler(true).inf_steps({4}),
+                                "ZeRO-2 + GradScaler", 65536.0 / 2, 8 - 1);
 }
 
 TEST(CapturedStep, ShapeChangesAndHostSyncsAreUsageErrors) {

@@ -2,6 +2,7 @@
 // single-process training as over Gloo. Exits with 77 (skipped) without 2 GPUs.
 
 #include <cstdio>
+#include <stdexcept>
 #include <fstream>
 #include <iterator>
 
@@ -240,11 +241,43 @@ TEST(DdpNccl, AHookWhoseFinishUsesItsCommunicatorWorksUnderTheTimeline) {
 // Two ranks: the bucket reductions are recorded into the graph (NCCL inside
 // the capture, the comm stream joining it) and each replay is watched as one
 // collective; the replays must train as the eager steps do.
-TEST(DdpNccl, CapturedStepWithBucketReductionsInTheGraphMatchesEager) {
-  expect_all_succeeded(run_ranks(2, [](int rank) {
-    const double difference = ddp::testing::check_captured_step_matches_eager(init_nccl(), 8, 1e-6);
-    if (rank == 0) std::printf("captured vs eager, 2 GPUs: largest difference %.3g\n", difference);
+void expect_captured_matches_eager_on_two_gpus(const ddp::testing::CapturedScenario& scenario, const char* name) {
+  expect_all_succeeded(run_ranks(2, [&](int rank) {
+    const auto result = ddp::testing::check_captured_step_matches_eager(init_nccl(), scenario);
+    if (rank == 0) {
+      std::printf("captured vs eager, 2 GPUs, %s: largest difference %.3g, scales %g / %g\n", name, result.difference,
+                  result.eager_scale, result.captured_scale);
+    }
+    if (result.eager_scale != result.captured_scale || result.eager_adamw_steps != result.captured_adamw_steps) {
+      throw std::runtime_error("the scalers' scales or AdamW's step counts differ");
+    }
   }));
+}
+
+TEST(DdpNccl, CapturedStepWithBucketReductionsInTheGraphMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus({}, "fp32");
+}
+
+// The inf is in rank 1's batch only: the ranks agree on skipping inside the
+// graph (found_inf max-reduced on the device).
+TEST(DdpNccl, CapturedStepWithGradScalerAndNoSyncMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(
+      ddp::testing::CapturedScenario().grad_scaler(true).inf_steps({0, 5}).inf_rank(1).micro_batches(2),
+      "fp16 + GradScaler, 2 micro-batches");
+}
+
+TEST(DdpNccl, CapturedStepWithFloat8DelayedScalingMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().float8(true), "fp8 delayed scaling");
+}
+
+TEST(DdpNccl, CapturedStepWithShardedOptimizerMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().sharding(ddp::Sharding::kOptimizer),
+                                            "ZeRO-1");
+}
+
+TEST(DdpNccl, CapturedStepWithShardedGradientsMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().sharding(ddp::Sharding::kGradients),
+                                            "ZeRO-2");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "support/captured_scenarios.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -10,69 +12,133 @@
 namespace ddp::testing {
 namespace {
 
-torch::nn::Sequential make_mlp(const torch::Device& device) {
+constexpr int64_t kRows = 64, kIn = 32, kHidden = 64, kOut = 16;  // FP8 needs multiples of 16
+
+using Model = DistributedDataParallel<torch::nn::Sequential>;
+
+torch::nn::Sequential make_mlp(const torch::Device& device, bool float8) {
   torch::manual_seed(7);
-  torch::nn::Sequential mlp(torch::nn::Linear(16, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4));
+  const auto recipe = Float8Options().scaling(Float8Scaling::kDelayed).amax_history_len(16).enabled(float8);
+  torch::nn::Sequential mlp(Float8Linear(torch::nn::LinearOptions(kIn, kHidden), recipe), torch::nn::ReLU(),
+                            Float8Linear(torch::nn::LinearOptions(kHidden, kOut), recipe));
   mlp->to(device);
   return mlp;
 }
 
-void zero_gradients(torch::nn::Module& module) {
-  for (auto& parameter : module.parameters()) {
-    if (parameter.grad().defined()) parameter.mutable_grad().zero_();
-  }
+PrecisionPolicy policy_of(const CapturedScenario& scenario) {
+  if (scenario.float8()) return Precision::kFp8;
+  return scenario.grad_scaler() ? Precision::kFp16 : Precision::kFp32;
 }
 
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
-  static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups().at(0).options()).lr(lr);
+/// The largest elementwise difference; NaN against NaN (a skipped step's
+/// loss) counts as equal, NaN against a number as infinitely far.
+double gap(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor difference = (a - b).abs().masked_fill(a.isnan() & b.isnan(), 0).masked_fill(a.eq(b), 0);
+  const double worst = difference.max().item<double>();
+  return std::isnan(worst) ? INFINITY : worst;
 }
+
+/// One copy: the model, its optimizer and its scaler, and the step both copies run.
+struct Replica {
+  Replica(const std::shared_ptr<ProcessGroup>& pg, const CapturedScenario& scenario)
+      : pg(pg),
+        scenario(scenario),
+        policy(policy_of(scenario)),
+        model(make_mlp(pg->device(), scenario.float8()), pg,
+              DistributedDataParallelOptions().sharding(scenario.sharding())),
+        optimizer(model.parameters(), torch::optim::AdamWOptions(1e-2)),
+        scaler(GradScalerOptions().enabled(scenario.grad_scaler()), pg) {}
+
+  at::Tensor step(const std::vector<at::Tensor>& batch) {
+    for (auto& parameter : model.parameters()) {
+      if (parameter.grad().defined()) parameter.mutable_grad().zero_();
+    }
+    const int64_t rows = batch[0].size(0) / scenario.micro_batches();
+    at::Tensor total = torch::zeros({}, batch[0].options());
+    for (int micro = 0; micro < scenario.micro_batches(); ++micro) {
+      std::optional<Model::NoSyncGuard> no_sync;
+      if (micro + 1 < scenario.micro_batches()) no_sync.emplace(model.no_sync());
+      at::Tensor loss;
+      {
+        PrecisionGuard guard(policy, pg->device());
+        const at::Tensor output = model(batch[0].narrow(0, micro * rows, rows));
+        loss = torch::mse_loss(output.to(torch::kFloat), batch[1].narrow(0, micro * rows, rows)) /
+               scenario.micro_batches();
+      }
+      scaler.scale(loss).backward();
+      total = total + loss.detach();
+    }
+    if (scenario.float8()) float8::all_reduce_amaxes(*model.module(), *pg);
+    scaler.step(optimizer);
+    scaler.update();
+    return total;
+  }
+
+  void set_learning_rate(double lr) {
+    static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups().at(0).options()).lr(lr);
+  }
+
+  /// The largest AdamW step count in the host state.
+  int64_t adamw_steps() const {
+    optimizer.sync_host_state();
+    int64_t steps = 0;
+    for (const auto& [key, state] : optimizer.state()) {
+      steps = std::max(steps, static_cast<const torch::optim::AdamWParamState&>(*state).step());
+    }
+    return steps;
+  }
+
+  std::shared_ptr<ProcessGroup> pg;
+  CapturedScenario scenario;
+  PrecisionPolicy policy;
+  Model model;
+  optim::FusedAdamW optimizer;
+  GradScaler scaler;
+};
 
 }  // namespace
 
-double check_captured_step_matches_eager(const std::shared_ptr<ProcessGroup>& pg, int steps, double tolerance) {
+CapturedComparison check_captured_step_matches_eager(const std::shared_ptr<ProcessGroup>& pg,
+                                                     const CapturedScenario& scenario) {
   const torch::Device device = pg->device();
-  DistributedDataParallel<torch::nn::Sequential> eager(make_mlp(device), pg);
-  DistributedDataParallel<torch::nn::Sequential> captured(make_mlp(device), pg);
-  optim::FusedAdamW eager_optimizer(eager.module()->parameters(), torch::optim::AdamWOptions(1e-2));
-  optim::FusedAdamW captured_optimizer(captured.module()->parameters(), torch::optim::AdamWOptions(1e-2));
+  Replica eager(pg, scenario);
+  Replica captured(pg, scenario);
   CapturedStep step(
-      captured_optimizer,
-      [&](const std::vector<at::Tensor>& batch) {
-        zero_gradients(*captured.module());
-        at::Tensor loss = torch::mse_loss(captured(batch[0]), batch[1]);
-        loss.backward();
-        captured_optimizer.step();
-        return loss;
-      },
-      CapturedStepOptions().warmup_steps(2).process_group(pg));
+      captured.optimizer, [&](const std::vector<at::Tensor>& batch) { return captured.step(batch); },
+      CapturedStepOptions().warmup_steps(1).process_group(pg));
 
-  double worst = 0;
-  for (int i = 0; i < steps; ++i) {
+  CapturedComparison result;
+  const int64_t rows = kRows * scenario.micro_batches();
+  for (int i = 0; i < scenario.steps(); ++i) {
     torch::manual_seed(100 * i + pg->rank());
-    const at::Tensor x = torch::randn({64, 16}, device);
-    const at::Tensor y = torch::randn({64, 4}, device);
+    const at::Tensor x = torch::randn({rows, kIn}, device);
+    const at::Tensor y = torch::randn({rows, kOut}, device);
+    const auto& inf_steps = scenario.inf_steps();
+    const bool inf_here = scenario.inf_rank() < 0 || scenario.inf_rank() == pg->rank();
+    if (inf_here && std::find(inf_steps.begin(), inf_steps.end(), i) != inf_steps.end()) x[0][0] = INFINITY;
     const double lr = 1e-2 / (1 + i);  // a schedule: every replay must read the new rate
-    set_learning_rate(eager_optimizer, lr);
-    set_learning_rate(captured_optimizer, lr);
+    eager.set_learning_rate(lr);
+    captured.set_learning_rate(lr);
 
-    zero_gradients(*eager.module());
-    const at::Tensor eager_loss = torch::mse_loss(eager(x), y);
-    eager_loss.backward();
-    eager_optimizer.step();
+    const at::Tensor eager_loss = eager.step({x, y});
     const at::Tensor captured_loss = step({x, y}).clone();
-    worst = std::max(worst, (eager_loss - captured_loss).abs().item<double>());
+    result.difference = std::max(result.difference, gap(eager_loss, captured_loss));
   }
   if (!step.captured()) throw std::runtime_error("the step was never recorded");
-  const auto eager_parameters = eager.module()->parameters();
-  const auto captured_parameters = captured.module()->parameters();
+  const auto eager_parameters = eager.model.module()->parameters();
+  const auto captured_parameters = captured.model.module()->parameters();
   for (std::size_t i = 0; i < eager_parameters.size(); ++i) {
-    worst = std::max(worst, (eager_parameters[i] - captured_parameters[i]).abs().max().item<double>());
+    result.difference = std::max(result.difference, gap(eager_parameters[i], captured_parameters[i]));
   }
-  if (worst > tolerance) {
-    throw std::runtime_error("captured step differs from the eager one by " + std::to_string(worst) + " (tolerance " +
-                             std::to_string(tolerance) + ")");
+  result.eager_scale = eager.scaler.get_scale();
+  result.captured_scale = captured.scaler.get_scale();
+  result.eager_adamw_steps = eager.adamw_steps();
+  result.captured_adamw_steps = captured.adamw_steps();
+  if (result.difference > scenario.tolerance()) {
+    throw std::runtime_error("captured step differs from the eager one by " + std::to_string(result.difference) +
+                             " (tolerance " + std::to_string(scenario.tolerance()) + ")");
   }
-  return worst;
+  return result;
 }
 
 }  // namespace ddp::testing

@@ -2,17 +2,48 @@
 
 // ddp::CapturedStep against the same step run eagerly.
 
+#include <cstdint>
 #include <memory>
+#include <vector>
+
+#include <torch/arg.h>
 
 #include <ddp/ddp.h>
 
 namespace ddp::testing {
 
+/// What check_captured_step_matches_eager trains. The default: fp32, one
+/// micro-batch, plain DDP, FusedAdamW with a learning rate that changes
+/// every step.
+struct CapturedScenario {
+  TORCH_ARG(int, steps) = 8;
+  /// fp16 autocast and a ddp::GradScaler.
+  TORCH_ARG(bool, grad_scaler) = false;
+  /// Steps whose batch holds an inf: the scaler must skip them on every rank.
+  TORCH_ARG(std::vector<int>, inf_steps) = {};
+  /// The rank whose batch holds the inf; -1: every rank's.
+  TORCH_ARG(int, inf_rank) = -1;
+  /// Micro-batches per step, all but the last under no_sync().
+  TORCH_ARG(int, micro_batches) = 1;
+  /// Float8Linear layers with delayed scaling (bf16 autocast).
+  TORCH_ARG(bool, float8) = false;
+  TORCH_ARG(Sharding, sharding) = Sharding::kNone;
+  TORCH_ARG(double, tolerance) = 1e-6;
+};
+
+/// How the captured copy ended against the eager one.
+struct CapturedComparison {
+  double difference = 0;                       ///< Largest over every step's loss and every parameter.
+  double eager_scale = 1, captured_scale = 1;  ///< The GradScalers' final scales.
+  std::int64_t eager_adamw_steps = 0, captured_adamw_steps = 0;  ///< AdamW's step count, read from the host state.
+};
+
 /// Two copies of one MLP under DistributedDataParallel on `pg`, one stepped
-/// eagerly and one through a CapturedStep (FusedAdamW, a learning rate that
-/// changes every step), on this rank's batches for `steps` steps: warm-up,
-/// the recording, replays. Returns the largest difference of any parameter
-/// and of any step's loss; throws std::runtime_error past `tolerance`.
-double check_captured_step_matches_eager(const std::shared_ptr<ProcessGroup>& pg, int steps, double tolerance);
+/// eagerly and one through a CapturedStep (warm-up 1 step: a skipped
+/// warm-up step prolongs it), on this rank's batches: warm-up, the
+/// recording, replays. Throws std::runtime_error when the step was never
+/// recorded or the copies differ past the tolerance.
+CapturedComparison check_captured_step_matches_eager(const std::shared_ptr<ProcessGroup>& pg,
+                                                     const CapturedScenario& scenario = {});
 
 }  // namespace ddp::testing
