@@ -18,10 +18,11 @@ namespace ddp {
 
 /// Options of a CapturedStep.
 struct CapturedStepOptions {
-  /// Eager steps before the capture. DistributedDataParallel settles its
-  /// buckets after its first iteration, and the allocator, cuBLAS and cuDNN
-  /// their workspaces in the first few; a capture records what the step does
-  /// then. At least 1.
+  /// Eager steps before the capture. DistributedDataParallel across ranks
+  /// rebuilds its buckets in its second iteration (a UsageError if that
+  /// iteration is the recorded one), and the allocator, cuBLAS and cuDNN
+  /// settle their workspaces in the first few; a capture records what the
+  /// step does then. At least 1; 2 or more with DistributedDataParallel.
   TORCH_ARG(int, warmup_steps) = 3;
   /// The job's process group, whose communicator watches each replay as one
   /// collective (deadline, abort, the failing rank named), since the

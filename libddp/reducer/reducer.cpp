@@ -14,6 +14,7 @@
 
 #include <ddp/errors.h>
 
+#include "cuda/stream_capture.h"
 #include "reducer/bucket_assignment.h"
 #include "reducer/row_major.h"
 #include "reducer/timeline.h"
@@ -178,6 +179,12 @@ void Reducer::prepare_for_forward() {
                        (!config_.find_unused_parameters || config_.static_graph) &&
                        ready_order_.size() == parameters_.size();
   if (!rebuild) return;
+  if (detail::current_stream_capturing()) {
+    throw UsageError(
+        "ddp::DistributedDataParallel rebuilds its buckets in its second iteration (in rank 0's order of ready "
+        "gradients, sent to every rank), which cannot be recorded into a CUDA graph: run at least two eager steps "
+        "before the recording (ddp::CapturedStepOptions().warmup_steps(2) or more)");
+  }
   // Ranks may see gradients become ready in different orders; all must use
   // the same buckets, so rank 0's order wins.
   at::Tensor order = at::tensor(std::vector<std::int64_t>(ready_order_.begin(), ready_order_.end()), at::kLong)

@@ -57,12 +57,13 @@ void expect_captured_matches_eager(const CapturedScenario& scenario, const char*
 
 TEST(CapturedStep, ReplaysTrainAsTheEagerStepOnOneGpu) { expect_captured_matches_eager(CapturedScenario(), "fp32"); }
 
-// Step 0's inf skips the first warm-up step (the warm-up lasts until the
-// optimizer has state); step 5's inf is found in a replay, on the device.
-// Each backs the scale off, and neither counts an AdamW step.
+// The infs of steps 0 and 1 skip both warm-up steps (the warm-up lasts until
+// the optimizer has state: step 2 runs eagerly too); step 5's inf is found
+// in a replay, on the device. Each backs the scale off, and none counts an
+// AdamW step.
 TEST(CapturedStep, GradScalerSkipsInfStepsInsideTheGraph) {
-  expect_captured_matches_eager(CapturedScenario().grad_scaler(true).inf_steps({0, 5}), "fp16 + GradScaler",
-                                65536.0 / 4, 8 - 2);
+  expect_captured_matches_eager(CapturedScenario().grad_scaler(true).inf_steps({0, 1, 5}), "fp16 + GradScaler",
+                                65536.0 / 8, 8 - 3);
 }
 
 TEST(CapturedStep, NoSyncMicroBatchesAreRecordedInOneGraph) {

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <stdexcept>
+#include <string>
 #include <fstream>
 #include <iterator>
 
@@ -262,8 +263,22 @@ TEST(DdpNccl, CapturedStepWithBucketReductionsInTheGraphMatchesEager) {
 // graph (found_inf max-reduced on the device).
 TEST(DdpNccl, CapturedStepWithGradScalerAndNoSyncMatchesEager) {
   expect_captured_matches_eager_on_two_gpus(
-      ddp::testing::CapturedScenario().grad_scaler(true).inf_steps({0, 5}).inf_rank(1).micro_batches(2),
+      ddp::testing::CapturedScenario().grad_scaler(true).inf_steps({0, 1, 5}).inf_rank(1).micro_batches(2),
       "fp16 + GradScaler, 2 micro-batches");
+}
+
+// Across ranks DDP rebuilds its buckets in its second iteration: recording
+// that one is refused by name.
+TEST(DdpNccl, RecordingTheBucketRebuildIsAUsageError) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    try {
+      ddp::testing::check_captured_step_matches_eager(init_nccl(), ddp::testing::CapturedScenario().warmup_steps(1));
+    } catch (const ddp::UsageError& e) {
+      if (std::string(e.what()).find("warmup_steps(2)") != std::string::npos) return;
+      throw;
+    }
+    throw std::runtime_error("a recording of the bucket rebuild was not refused");
+  }));
 }
 
 TEST(DdpNccl, CapturedStepWithFloat8DelayedScalingMatchesEager) {

@@ -105,7 +105,7 @@ CapturedComparison check_captured_step_matches_eager(const std::shared_ptr<Proce
   Replica captured(pg, scenario);
   CapturedStep step(
       captured.optimizer, [&](const std::vector<at::Tensor>& batch) { return captured.step(batch); },
-      CapturedStepOptions().warmup_steps(1).process_group(pg));
+      CapturedStepOptions().warmup_steps(scenario.warmup_steps()).process_group(pg));
 
   CapturedComparison result;
   const int64_t rows = kRows * scenario.micro_batches();

@@ -17,6 +17,8 @@ namespace ddp::testing {
 /// every step.
 struct CapturedScenario {
   TORCH_ARG(int, steps) = 8;
+  /// CapturedStepOptions::warmup_steps (a skipped warm-up step prolongs the warm-up).
+  TORCH_ARG(int, warmup_steps) = 2;
   /// fp16 autocast and a ddp::GradScaler.
   TORCH_ARG(bool, grad_scaler) = false;
   /// Steps whose batch holds an inf: the scaler must skip them on every rank.
@@ -39,9 +41,8 @@ struct CapturedComparison {
 };
 
 /// Two copies of one MLP under DistributedDataParallel on `pg`, one stepped
-/// eagerly and one through a CapturedStep (warm-up 1 step: a skipped
-/// warm-up step prolongs it), on this rank's batches: warm-up, the
-/// recording, replays. Throws std::runtime_error when the step was never
+/// eagerly and one through a CapturedStep, on this rank's batches: warm-up,
+/// the recording, replays. Throws std::runtime_error when the step was never
 /// recorded or the copies differ past the tolerance.
 CapturedComparison check_captured_step_matches_eager(const std::shared_ptr<ProcessGroup>& pg,
                                                      const CapturedScenario& scenario = {});
