@@ -83,6 +83,12 @@ TEST(CapturedStep, ShardedGradientsWithGradScalerInsideTheGraph) {
                                 "ZeRO-2 + GradScaler", 65536.0 / 2, 8 - 1);
 }
 
+// On one rank kFull keeps its units whole (FSDP's NO_SHARD); the gathers
+// and frees inside the graph are tested on two GPUs.
+TEST(CapturedStep, FullyShardedUnitsInsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().sharding(ddp::Sharding::kFull), "ZeRO-3");
+}
+
 TEST(CapturedStep, ShapeChangesAndHostSyncsAreUsageErrors) {
   const torch::Device gpu(torch::kCUDA, 0);
   torch::nn::Linear model(8, 8);

@@ -290,6 +290,12 @@ TEST(DdpNccl, CapturedStepWithShardedOptimizerMatchesEager) {
                                             "ZeRO-1");
 }
 
+// Each unit's parameters all-gathered before it runs and freed after, in
+// forward and in backward, all inside the graph.
+TEST(DdpNccl, CapturedStepWithFullyShardedUnitsMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull), "ZeRO-3");
+}
+
 TEST(DdpNccl, CapturedStepWithShardedGradientsMatchesEager) {
   expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().sharding(ddp::Sharding::kGradients),
                                             "ZeRO-2");

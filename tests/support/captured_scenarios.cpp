@@ -14,15 +14,35 @@ namespace {
 
 constexpr int64_t kRows = 64, kIn = 32, kHidden = 64, kOut = 16;  // FP8 needs multiples of 16
 
-using Model = DistributedDataParallel<torch::nn::Sequential>;
+/// Two Float8Linear layers (plain Linear unless FP8 is on), each run as a
+/// unit, which Sharding::kFull gathers and frees around it.
+struct UnitMlpImpl : torch::nn::Module {
+  explicit UnitMlpImpl(bool float8) {
+    const auto recipe = Float8Options().scaling(Float8Scaling::kDelayed).amax_history_len(16).enabled(float8);
+    first = register_module("first", Float8Linear(torch::nn::LinearOptions(kIn, kHidden), recipe));
+    second = register_module("second", Float8Linear(torch::nn::LinearOptions(kHidden, kOut), recipe));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const at::Tensor hidden = torch::relu(in_unit(*first, [&] { return first(x); }));
+    return in_unit(*second, [&] { return second(hidden); });
+  }
+  Float8Linear first{nullptr}, second{nullptr};
+};
+TORCH_MODULE(UnitMlp);
 
-torch::nn::Sequential make_mlp(const torch::Device& device, bool float8) {
+using Model = DistributedDataParallel<UnitMlp>;
+
+UnitMlp make_mlp(const torch::Device& device, bool float8) {
   torch::manual_seed(7);
-  const auto recipe = Float8Options().scaling(Float8Scaling::kDelayed).amax_history_len(16).enabled(float8);
-  torch::nn::Sequential mlp(Float8Linear(torch::nn::LinearOptions(kIn, kHidden), recipe), torch::nn::ReLU(),
-                            Float8Linear(torch::nn::LinearOptions(kHidden, kOut), recipe));
+  UnitMlp mlp(float8);
   mlp->to(device);
   return mlp;
+}
+
+DistributedDataParallelOptions model_options(const CapturedScenario& scenario) {
+  auto options = DistributedDataParallelOptions().sharding(scenario.sharding());
+  if (scenario.sharding() == Sharding::kFull) options.shard_units({"first", "second"});
+  return options;
 }
 
 PrecisionPolicy policy_of(const CapturedScenario& scenario) {
@@ -44,8 +64,7 @@ struct Replica {
       : pg(pg),
         scenario(scenario),
         policy(policy_of(scenario)),
-        model(make_mlp(pg->device(), scenario.float8()), pg,
-              DistributedDataParallelOptions().sharding(scenario.sharding())),
+        model(make_mlp(pg->device(), scenario.float8()), pg, model_options(scenario)),
         optimizer(model.parameters(), torch::optim::AdamWOptions(1e-2)),
         scaler(GradScalerOptions().enabled(scenario.grad_scaler()), pg) {}
 

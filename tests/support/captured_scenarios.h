@@ -40,7 +40,7 @@ struct CapturedComparison {
   std::int64_t eager_adamw_steps = 0, captured_adamw_steps = 0;  ///< AdamW's step count, read from the host state.
 };
 
-/// Two copies of one MLP under DistributedDataParallel on `pg`, one stepped
+/// Two copies of one MLP (two units for Sharding::kFull) under DistributedDataParallel on `pg`, one stepped
 /// eagerly and one through a CapturedStep, on this rank's batches: warm-up,
 /// the recording, replays. Throws std::runtime_error when the step was never
 /// recorded or the copies differ past the tolerance.
