@@ -13,14 +13,14 @@ ALLOWED = {
     "cuda": set(),
     "launcher": set(),
     "optim": {"compat", "cuda"},
-    "precision": {"compat", "float8/support.h"},
+    "precision": {"compat", "float8/support.h", "cuda/stream_capture.h"},
     "float8": {"compat", "cuda"},
     "comm": {"compat", "cuda"},
     "runtime": {"comm"},
     "capture": {"comm"},
-    "sharding": {"reducer/bucket_assignment.h", "reducer/row_major.h"},
+    "sharding": {"reducer/bucket_assignment.h", "reducer/row_major.h", "cuda/stream_capture.h"},
     "checkpoint": {"sharding/sharded_parameters.h", "optim/fused_step.h", "reducer/row_major.h"},
-    "reducer": {"compat", "sharding/sharded_parameters.h", "sharding/unit_schedule.h"},
+    "reducer": {"compat", "sharding/sharded_parameters.h", "sharding/unit_schedule.h", "cuda/stream_capture.h"},
 }
 # The one file that composes reducer, sharding and checkpoint.
 COMPOSER = "reducer/data_parallel_core.cpp"

@@ -290,10 +290,20 @@ TEST(DdpNccl, CapturedStepWithShardedOptimizerMatchesEager) {
                                             "ZeRO-1");
 }
 
-// Each unit's parameters all-gathered before it runs and freed after, in
-// forward and in backward, all inside the graph.
-TEST(DdpNccl, CapturedStepWithFullyShardedUnitsMatchesEager) {
-  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull), "ZeRO-3");
+// kFull across ranks gathers and frees each unit around it; recorded, its
+// replays hit an illegal memory access (2 x H200, ed552b8), so the recording
+// is refused by name.
+TEST(DdpNccl, RecordingFullyShardedUnitsIsAUsageError) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    try {
+      ddp::testing::check_captured_step_matches_eager(init_nccl(),
+                                                      ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull));
+    } catch (const ddp::UsageError& e) {
+      if (std::string(e.what()).find("Sharding::kFull across ranks cannot be recorded") != std::string::npos) return;
+      throw;
+    }
+    throw std::runtime_error("a recording of kFull's unit gathers was not refused");
+  }));
 }
 
 TEST(DdpNccl, CapturedStepWithShardedGradientsMatchesEager) {
