@@ -38,8 +38,8 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
       .add("metrics", "", "JSON-lines metrics log (rank 0)")
       .add("fail-at-step", "-1", "testing restarts: the last rank aborts after this step on the first attempt")
       .add_switch("cuda-graph",
-                  "record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after "
-                  "3 eager steps and replay it: one launch per step (GPU only)");
+                  "record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after at "
+                  "least 3 eager steps and replay it: one launch per step (GPU only)");
 }
 
 TrainerOptions trainer_options(const Flags& flags) {

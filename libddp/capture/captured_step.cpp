@@ -170,14 +170,14 @@ CapturedStep::~CapturedStep() = default;
 at::Tensor CapturedStep::operator()(const std::vector<at::Tensor>& inputs) {
   Impl& impl = *impl_;
   impl.check_inputs(inputs);
-  // Results are returned detached: a result that kept its autograd graph
-  // would keep that graph's AccumulateGrad nodes alive, and DDP's reducer
-  // could not make the nodes anew on the recording stream.
   // Warm-up lasts until the optimizer has state for every parameter too: a
   // GradScaler may skip the first steps, and a recorded step must not create
   // state that every replay would create again.
   if (impl.eager_steps < impl.options.warmup_steps() || !impl.optimizer->has_state_for_every_gradient()) {
     ++impl.eager_steps;
+    // Detached: a result that kept its autograd graph would keep that graph's
+    // AccumulateGrad nodes alive, and DDP's reducer could not make the nodes
+    // anew on the recording stream.
     return impl.function(inputs).detach();
   }
 #ifdef DDP_WITH_CUDA

@@ -143,15 +143,7 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
                           lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
                           /*maximize=*/false, /*grad_scale=*/std::nullopt, detail::skip_flag(found_inf));
       };
-#if DDP_TORCH_AT_LEAST(2, 2)
-      if (capture_) {
-        run(capture_->learning_rates.get(group_index, device.index(), options.lr()));
-      } else {
-        run(options.lr());
-      }
-#else
-      run(options.lr());
-#endif
+      detail::run_with_learning_rate(capture_.get(), group_index, device.index(), options.lr(), run);
       // The kernel leaves a skipped step's parameters and moments alone; its count is taken back.
       if (found_inf.defined()) steps.sub_(found_inf);
     }

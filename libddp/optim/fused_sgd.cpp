@@ -84,13 +84,7 @@ void FusedSGD::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
                         options.dampening(), options.nesterov(), /*maximize=*/false, /*is_first_step=*/first_step,
                         /*grad_scale=*/std::nullopt, detail::skip_flag(found_inf));
       };
-#if DDP_TORCH_AT_LEAST(2, 2)
-      if (capture_) {
-        run(capture_->learning_rates.get(group_index, std::get<0>(where), options.lr()));
-        continue;
-      }
-#endif
-      run(options.lr());
+      detail::run_with_learning_rate(capture_.get(), group_index, std::get<0>(where), options.lr(), run);
     }
   }
 #endif

@@ -16,6 +16,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
+#include "compat/torch_compat.h"
+
 namespace ddp::optim::detail {
 
 /// A parameter's key in a torch::optim::Optimizer state map: its TensorImpl,
@@ -84,6 +86,21 @@ bool has_state_for_every_gradient(const torch::optim::OptimizerParamGroup& group
     if (param.grad().defined() && states.count(state_key<StateMap>(param)) == 0) return false;
   }
   return true;
+}
+
+/// Calls `run`, a fused kernel call, with group `group`'s learning rate on
+/// `device`: the number `lr`, or in capturable mode (`capture` set) its
+/// device tensor, which a recorded step reads at every replay.
+template <typename Run>
+void run_with_learning_rate([[maybe_unused]] CaptureState* capture, [[maybe_unused]] std::size_t group,
+                            [[maybe_unused]] c10::DeviceIndex device, double lr, const Run& run) {
+#if DDP_TORCH_AT_LEAST(2, 2)
+  if (capture != nullptr) {
+    run(capture->learning_rates.get(group, device, lr));
+    return;
+  }
+#endif
+  run(lr);
 }
 
 /// The one-element tensor the fused kernels skip on, or none.
