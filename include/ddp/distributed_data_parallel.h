@@ -45,7 +45,8 @@ struct DistributedDataParallelOptions {
   /// forward in training mode.
   TORCH_ARG(bool, broadcast_buffers) = true;
   /// The set of used parameters and the order gradients become ready never
-  /// change: unused parameters are found once, and buckets are rebuilt in
+  /// change: unused parameters are found (and agreed across ranks) once, so
+  /// a step can be recorded into a CUDA graph, and buckets are rebuilt in
   /// ready order even with find_unused_parameters.
   TORCH_ARG(bool, static_graph) = false;
   /// How buckets are reduced (default: comm_hooks::average()).

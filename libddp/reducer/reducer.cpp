@@ -444,11 +444,14 @@ void Reducer::finalize_backward() {
 }
 
 std::vector<std::uint8_t> Reducer::globally_used() {
+  if (static_globally_used_) return *static_globally_used_;
   at::Tensor used = at::tensor(std::vector<std::int32_t>(used_.begin(), used_.end()), at::kInt).to(comm_.device());
   comm_.all_reduce(used, ReduceOp::kMax)->wait_stream();
   used = used.cpu();
   const auto* flags = used.data_ptr<std::int32_t>();
-  return std::vector<std::uint8_t>(flags, flags + used.numel());
+  std::vector<std::uint8_t> result(flags, flags + used.numel());
+  if (config_.static_graph) static_globally_used_ = result;
+  return result;
 }
 
 void Reducer::adopt_globally_used_gradients(const std::vector<std::uint8_t>& used) {

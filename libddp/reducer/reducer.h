@@ -132,7 +132,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void gather_into_bucket(Bucket& bucket);
   void launch_ready_buckets();
   void finalize_backward();
-  /// Per parameter, whether any rank used it in this backward (a host sync).
+  /// Per parameter, whether any rank used it in this backward (a host sync;
+  /// under static_graph only the first time, so that a step can be recorded).
   std::vector<std::uint8_t> globally_used();
   void adopt_globally_used_gradients(const std::vector<std::uint8_t>& used);
   /// kFull: UsageError on every rank if the ranks left different parameters unused.
@@ -169,6 +170,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<std::uint8_t> used_;
   std::vector<std::size_t> unused_;
   std::optional<std::vector<std::size_t>> static_unused_;
+  std::optional<std::vector<std::uint8_t>> static_globally_used_;
   std::vector<std::size_t> ready_order_;  // of the first reduced backward
   std::size_t reduced_iterations_ = 0;
   bool rebuilt_ = false;

@@ -10,7 +10,6 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/errors.h>
 
-#include "cuda/stream_capture.h"
 #include "sharding/sharded_parameters.h"
 
 namespace ddp::detail {
@@ -146,13 +145,6 @@ void UnitSchedule::after_forward(const std::vector<std::uint8_t>* used) {
 }
 
 void UnitSchedule::enter(std::size_t unit) {
-  // Tried on 2 x H200: the replays of such a recording hit an illegal memory
-  // access (the gathered units are allocated and freed around each unit).
-  if (sharded_->transient(bucket_of_unit_[unit]) && detail::current_stream_capturing()) {
-    throw UsageError(
-        "ddp: Sharding::kFull across ranks cannot be recorded into a CUDA graph yet; run its steps eagerly, or "
-        "record Sharding::kOptimizer or kGradients (ZeRO-1/2)");
-  }
   std::lock_guard<std::mutex> lock(mutex_);
   entered_[unit] = 1;
   order_.push_back(unit);

@@ -3,106 +3,23 @@
 // saw every rank's batch.
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 
 #include <ddp/ddp.h>
 
-#include "support/collective_checks.h"
 #include "support/multiprocess.h"
+#include "support/sparse_scenarios.h"
 
 namespace {
 
 using namespace ddp::testing;
 
-struct LookupNetImpl : torch::nn::Module {
-  LookupNetImpl()
-      : table(register_module("table", torch::nn::Embedding(torch::nn::EmbeddingOptions(20, 4).sparse(true)))),
-        rare(register_module("rare", torch::nn::Embedding(torch::nn::EmbeddingOptions(10, 4).sparse(true)))),
-        head(register_module("head", torch::nn::Linear(4, 1))) {}
-  /// `rare` joins only when asked, so that a rank may leave it unused.
-  torch::Tensor forward(const torch::Tensor& ids, bool use_rare) {
-    torch::Tensor features = table(ids);
-    if (use_rare) features = features + rare(ids.remainder(10));
-    return head(features).squeeze(-1);
-  }
-  torch::nn::Embedding table, rare;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(LookupNet);
-
-struct Batch {
-  torch::Tensor ids, targets;
-};
-
-/// Rank `rank`'s batch of `step`: 8 ids (repeats included) and targets.
-Batch batch_of(int rank, int step) {
-  auto generator = at::detail::createCPUGenerator(1000 * step + rank);
-  return {torch::randint(0, 20, {8}, generator, torch::kLong), torch::randn({8}, generator)};
-}
-
 std::shared_ptr<ddp::ProcessGroup> init_gloo() {
   return ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
 }
 
-/// Trains 3 SGD steps under DDP and in one process on both ranks' batches,
-/// comparing gradients and parameters. `rare_on_rank0_only`: only rank 0's
-/// forward uses `rare` (find_unused_parameters). `accumulate`: each step
-/// first runs a micro-batch under no_sync.
 void expect_matches_one_process(bool rare_on_rank0_only, bool accumulate = false) {
-  expect_all_succeeded(run_ranks(2, [rare_on_rank0_only, accumulate](int rank) {
-    auto pg = init_gloo();
-    torch::manual_seed(0);
-    LookupNet net;
-    torch::manual_seed(0);
-    LookupNet single;
-    ddp::DistributedDataParallel<LookupNet> model(
-        net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(rare_on_rank0_only));
-    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.5));
-    torch::optim::SGD single_optimizer(single->parameters(), torch::optim::SGDOptions(0.5));
-    for (int step = 0; step < 3; ++step) {
-      optimizer.zero_grad();
-      const Batch mine = batch_of(rank, step);
-      const bool use_rare = !rare_on_rank0_only || rank == 0;
-      if (accumulate) {
-        auto guard = model.no_sync();
-        const Batch early = batch_of(rank, 100 + step);
-        torch::mse_loss(model(early.ids, use_rare), early.targets).backward();
-      }
-      torch::mse_loss(model(mine.ids, use_rare), mine.targets).backward();
-
-      // One process: each rank's mean loss, averaged, as DDP averages the ranks' gradients.
-      single_optimizer.zero_grad();
-      torch::Tensor loss = torch::zeros({});
-      for (int r = 0; r < 2; ++r) {
-        const Batch b = batch_of(r, step);
-        loss = loss + torch::mse_loss(single->forward(b.ids, !rare_on_rank0_only || r == 0), b.targets) / 2;
-        if (accumulate) {
-          const Batch early = batch_of(r, 100 + step);
-          loss = loss + torch::mse_loss(single->forward(early.ids, !rare_on_rank0_only || r == 0), early.targets) / 2;
-        }
-      }
-      loss.backward();
-
-      require(net->table->weight.grad().is_sparse(), "the embedding's gradient is no longer sparse");
-      const auto names = net->named_parameters();
-      const auto expected = single->named_parameters();
-      for (const auto& item : names) {
-        const torch::Tensor got = item.value().grad();
-        const torch::Tensor want = expected[item.key()].grad();
-        require(got.defined() == want.defined(), item.key() + ": a gradient on one side only");
-        if (!got.defined()) continue;
-        const torch::Tensor got_dense = got.is_sparse() ? got.to_dense() : got;
-        const torch::Tensor want_dense = want.is_sparse() ? want.to_dense() : want;
-        require(torch::allclose(got_dense, want_dense, 1e-5, 1e-6),
-                "step " + std::to_string(step) + ": " + item.key() + "'s gradient differs from one process's");
-      }
-      optimizer.step();
-      single_optimizer.step();
-    }
-    for (const auto& item : net->named_parameters()) {
-      require(torch::allclose(item.value(), single->named_parameters()[item.key()], 1e-5, 1e-6),
-              item.key() + " differs from one process's after 3 steps");
-    }
+  expect_all_succeeded(run_ranks(2, [rare_on_rank0_only, accumulate](int) {
+    check_sparse_matches_one_process(init_gloo(), rare_on_rank0_only, accumulate);
   }));
 }
 
@@ -115,17 +32,7 @@ TEST(SparseGradients, AnEmbeddingOnlyOneRankUsesIsAveragedWithoutHanging) { expe
 TEST(SparseGradients, NoSyncAccumulatesThemUntilTheSyncedBackward) { expect_matches_one_process(false, true); }
 
 TEST(SparseGradients, ShardingModesRefuseThemNamingTheParameter) {
-  expect_all_succeeded(run_ranks(2, [](int) {
-    auto pg = init_gloo();
-    LookupNet net;
-    try {
-      ddp::DistributedDataParallel<LookupNet> model(
-          net, pg, ddp::DistributedDataParallelOptions().sharding(ddp::Sharding::kOptimizer));
-      require(false, "a sharding mode took sparse gradients");
-    } catch (const ddp::UsageError& e) {
-      require_contains(e.what(), "'table.weight' has sparse gradients");
-    }
-  }));
+  expect_all_succeeded(run_ranks(2, [](int) { check_sharding_refuses_sparse(init_gloo()); }));
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ ALLOWED = {
     "comm": {"compat", "cuda"},
     "runtime": {"comm"},
     "capture": {"comm"},
-    "sharding": {"reducer/bucket_assignment.h", "reducer/row_major.h", "cuda/stream_capture.h"},
+    "sharding": {"reducer/bucket_assignment.h", "reducer/row_major.h"},
     "checkpoint": {"sharding/sharded_parameters.h", "optim/fused_step.h", "reducer/row_major.h"},
     "reducer": {"compat", "sharding/sharded_parameters.h", "sharding/unit_schedule.h", "cuda/stream_capture.h"},
 }

@@ -89,6 +89,17 @@ TEST(CapturedStep, FullyShardedUnitsInsideTheGraph) {
   expect_captured_matches_eager(CapturedScenario().sharding(ddp::Sharding::kFull), "ZeRO-3");
 }
 
+// param_dtype makes the units transient on one rank too: each is gathered
+// (cast to bf16) into fresh memory and freed inside the graph.
+TEST(CapturedStep, FullyShardedUnitsGatheredInBf16InsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().sharding(ddp::Sharding::kFull).param_dtype(at::kBFloat16),
+                                "ZeRO-3, param_dtype bf16");
+}
+
+TEST(CapturedStep, UnusedLayerUnderStaticGraphInsideTheGraph) {
+  expect_captured_matches_eager(CapturedScenario().unused_layer(true), "find_unused_parameters + static_graph");
+}
+
 TEST(CapturedStep, ShapeChangesAndHostSyncsAreUsageErrors) {
   const torch::Device gpu(torch::kCUDA, 0);
   torch::nn::Linear model(8, 8);

@@ -14,6 +14,7 @@
 #include <ddp/ddp.h>
 
 #include "support/captured_scenarios.h"
+#include "support/sparse_scenarios.h"
 #include "support/ddp_scenarios.h"
 #include "support/sharding_scenarios.h"
 #include "support/multiprocess.h"
@@ -110,6 +111,22 @@ TEST(DdpNccl, UnusedBranchNoSyncAndBucketSizesMatchSingleProcess) {
     compressed.options.comm_hook(ddp::comm_hooks::average_in(torch::kBFloat16));
     compressed.tolerance = 1e-2;
     check_matches_single_process(*pg, compressed);
+  }));
+}
+
+// Sparse embedding gradients over NCCL: indices and values all-gathered, then
+// coalesced and averaged, equal to one process (the Gloo suite's checks).
+TEST(DdpNccl, SparseGradientsMatchOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_nccl();
+    ddp::testing::check_sparse_matches_one_process(pg, /*rare_on_rank0_only=*/false, /*accumulate=*/false);
+  }));
+}
+
+TEST(DdpNccl, SparseGradientsOfAnEmbeddingOneRankUsesAndUnderNoSyncMatchOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_nccl();
+    ddp::testing::check_sparse_matches_one_process(pg, /*rare_on_rank0_only=*/true, /*accumulate=*/true);
   }));
 }
 
@@ -290,20 +307,23 @@ TEST(DdpNccl, CapturedStepWithShardedOptimizerMatchesEager) {
                                             "ZeRO-1");
 }
 
-// kFull across ranks gathers and frees each unit around it; recorded, its
-// replays hit an illegal memory access (2 x H200, ed552b8), so the recording
-// is refused by name.
-TEST(DdpNccl, RecordingFullyShardedUnitsIsAUsageError) {
-  expect_all_succeeded(run_ranks(2, [](int) {
-    try {
-      ddp::testing::check_captured_step_matches_eager(init_nccl(),
-                                                      ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull));
-    } catch (const ddp::UsageError& e) {
-      if (std::string(e.what()).find("Sharding::kFull across ranks cannot be recorded") != std::string::npos) return;
-      throw;
-    }
-    throw std::runtime_error("a recording of kFull's unit gathers was not refused");
-  }));
+// Each unit is all-gathered into fresh memory and freed around its forward
+// and its backward, inside the graph.
+TEST(DdpNccl, CapturedStepWithFullyShardedUnitsMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull), "ZeRO-3");
+}
+
+TEST(DdpNccl, CapturedStepWithFullyShardedUnitsInBf16MatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(
+      ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull).param_dtype(at::kBFloat16),
+      "ZeRO-3, param_dtype bf16");
+}
+
+// The unused layer's gradients are never reduced: static_graph knows so
+// after the first step, and the recording skips them.
+TEST(DdpNccl, CapturedStepWithAnUnusedLayerUnderStaticGraphMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().unused_layer(true),
+                                            "find_unused_parameters + static_graph");
 }
 
 TEST(DdpNccl, CapturedStepWithShardedGradientsMatchesEager) {

@@ -15,12 +15,14 @@ namespace {
 constexpr int64_t kRows = 64, kIn = 32, kHidden = 64, kOut = 16;  // FP8 needs multiples of 16
 
 /// Two Float8Linear layers (plain Linear unless FP8 is on), each run as a
-/// unit, which Sharding::kFull gathers and frees around it.
+/// unit, which Sharding::kFull gathers and frees around it; optionally a
+/// third that the forward never calls.
 struct UnitMlpImpl : torch::nn::Module {
-  explicit UnitMlpImpl(bool float8) {
+  UnitMlpImpl(bool float8, bool unused_layer) {
     const auto recipe = Float8Options().scaling(Float8Scaling::kDelayed).amax_history_len(16).enabled(float8);
     first = register_module("first", Float8Linear(torch::nn::LinearOptions(kIn, kHidden), recipe));
     second = register_module("second", Float8Linear(torch::nn::LinearOptions(kHidden, kOut), recipe));
+    if (unused_layer) register_module("unused", torch::nn::Linear(kHidden, kHidden));
   }
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor hidden = torch::relu(in_unit(*first, [&] { return first(x); }));
@@ -32,9 +34,9 @@ TORCH_MODULE(UnitMlp);
 
 using Model = DistributedDataParallel<UnitMlp>;
 
-UnitMlp make_mlp(const torch::Device& device, bool float8) {
+UnitMlp make_mlp(const torch::Device& device, const CapturedScenario& scenario) {
   torch::manual_seed(7);
-  UnitMlp mlp(float8);
+  UnitMlp mlp(scenario.float8(), scenario.unused_layer());
   mlp->to(device);
   return mlp;
 }
@@ -42,11 +44,13 @@ UnitMlp make_mlp(const torch::Device& device, bool float8) {
 DistributedDataParallelOptions model_options(const CapturedScenario& scenario) {
   auto options = DistributedDataParallelOptions().sharding(scenario.sharding());
   if (scenario.sharding() == Sharding::kFull) options.shard_units({"first", "second"});
-  return options;
+  if (scenario.unused_layer()) options.find_unused_parameters(true).static_graph(true);
+  return options.param_dtype(scenario.param_dtype());
 }
 
 PrecisionPolicy policy_of(const CapturedScenario& scenario) {
   if (scenario.float8()) return Precision::kFp8;
+  if (scenario.param_dtype()) return Precision::kBf16;  // inputs meet the narrower units under autocast
   return scenario.grad_scaler() ? Precision::kFp16 : Precision::kFp32;
 }
 
@@ -64,7 +68,7 @@ struct Replica {
       : pg(pg),
         scenario(scenario),
         policy(policy_of(scenario)),
-        model(make_mlp(pg->device(), scenario.float8()), pg, model_options(scenario)),
+        model(make_mlp(pg->device(), scenario), pg, model_options(scenario)),
         optimizer(model.parameters(), torch::optim::AdamWOptions(1e-2)),
         scaler(GradScalerOptions().enabled(scenario.grad_scaler()), pg) {}
 
@@ -144,6 +148,9 @@ CapturedComparison check_captured_step_matches_eager(const std::shared_ptr<Proce
     result.difference = std::max(result.difference, gap(eager_loss, captured_loss));
   }
   if (!step.captured()) throw std::runtime_error("the step was never recorded");
+  // kFull's units hold no memory between steps: gather them to read them.
+  eager.model.gather_parameters();
+  captured.model.gather_parameters();
   const auto eager_parameters = eager.model.module()->parameters();
   const auto captured_parameters = captured.model.module()->parameters();
   for (std::size_t i = 0; i < eager_parameters.size(); ++i) {
