@@ -373,8 +373,8 @@ int main(int argc, char** argv) try {
 
   const bool cuda_graph = flags.on("cuda-graph");
   if (cuda_graph && !device.is_cuda()) flags.fail("--cuda-graph needs a CUDA device");
-  if (cuda_graph && warmup < 1)
-    flags.fail("--cuda-graph needs --warmup 1 or more (the graph records a warmed-up step)");
+  if (cuda_graph && warmup < 2)
+    flags.fail("--cuda-graph needs --warmup 2 or more (the last warm-up step is recorded)");
   if (cuda_graph && !flags.str("profile-trace").empty())
     flags.fail("--profile-trace profiles the eager step; drop --cuda-graph");
   // The timeline's timing events are read on the host after each backward, which a replay has none of.
@@ -419,12 +419,17 @@ int main(int argc, char** argv) try {
     // The workload's data is fixed, so the recorded step takes no inputs.
     captured = std::make_unique<ddp::CapturedStep>(
         *step.optimizer, [&](const std::vector<at::Tensor>&) { return eager_step(); },
-        ddp::CapturedStepOptions().warmup_steps(static_cast<int>(warmup)).process_group(process_group));
+        ddp::CapturedStepOptions().warmup_steps(static_cast<int>(warmup - 1)).process_group(process_group));
   }
 
+  // A captured run's last warm-up step records the graph (and replays it),
+  // so both kinds train the same number of steps; the warm-up lasts longer
+  // only where the step cannot be recorded yet (a GradScaler's skipped steps).
   at::Tensor loss;
-  for (std::int64_t i = 0; i < warmup; ++i) loss = captured ? (*captured)({}) : eager_step();
-  if (captured) loss = (*captured)({});  // records the graph (and replays it once), untimed
+  std::int64_t warmed = 0;
+  for (; warmed < warmup || (captured && !captured->captured()); ++warmed) {
+    loss = captured ? (*captured)({}) : eager_step();
+  }
   const std::size_t timed_from = step.exposed_communication_ms().size();
   StepClock clock(device, static_cast<std::size_t>(steps) * 4);
   synchronize(*process_group);
@@ -487,7 +492,7 @@ int main(int argc, char** argv) try {
       "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
       "{}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
       cuda_graph ? "libddp-graph" : "libddp", workload.json_fields, ddp::to_string(policy.precision()), gpus,
-      device.str(), batch, steps, warmup, 1000 * seconds / static_cast<double>(steps), throughput, workload.unit,
+      device.str(), batch, steps, warmed, 1000 * seconds / static_cast<double>(steps), throughput, workload.unit,
       mean(forward), mean(backward), mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null",
       peak_gib, workload.params, flops, final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding),
       flags.str("param-dtype"), !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
