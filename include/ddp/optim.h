@@ -57,6 +57,10 @@ class DDP_API CapturableOptimizer {
  protected:
   /// The fused step, skipped on the device where `found_inf` (if defined) is nonzero.
   virtual void fused_step(const at::Tensor& found_inf) = 0;
+  /// Whether the step now running is recorded into a CUDA graph; an error
+  /// naming `optimizer` if it is but capturable mode is off (the graph would
+  /// freeze the learning rate).
+  bool recording_step(const char* optimizer) const;
 
   std::shared_ptr<detail::CaptureState> capture_;  ///< The device copies; null unless capturable.
 };

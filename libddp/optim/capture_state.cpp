@@ -42,6 +42,12 @@ void CapturableOptimizer::step_unless_found_inf(const at::Tensor& found_inf) {
   if (found_inf.item<float>() == 0.0f) dynamic_cast<torch::optim::Optimizer&>(*this).step();
 }
 
+bool CapturableOptimizer::recording_step(const char* optimizer) const {
+  const bool capturing = ddp::detail::current_stream_capturing();
+  TORCH_CHECK(!capturing || capture_, optimizer, ": a step recorded into a CUDA graph needs set_capturable(true)");
+  return capturing;
+}
+
 namespace detail {
 
 const at::Tensor& DeviceLearningRates::get(std::size_t group, c10::DeviceIndex device, double lr) {

@@ -8,7 +8,6 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
-#include "cuda/stream_capture.h"
 #include "optim/fused_step.h"
 
 namespace ddp::optim {
@@ -63,9 +62,7 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
   torch::NoGradGuard no_grad;
   // Recorded into a CUDA graph, a step counts on the device only;
   // sync_host_state() reads the counts back.
-  const bool capturing = ddp::detail::current_stream_capturing();
-  TORCH_CHECK(!capturing || capture_,
-              "ddp::optim::FusedAdamW: a step recorded into a CUDA graph needs set_capturable(true)");
+  const bool capturing = recording_step("ddp::optim::FusedAdamW");
   if (capture_ && !capturing) {
     sync_host_state();
     capture_->recorded.clear();

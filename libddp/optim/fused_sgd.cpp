@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
-#include "cuda/stream_capture.h"
 #include "optim/fused_step.h"
 
 namespace ddp::optim {
@@ -43,7 +42,7 @@ torch::Tensor FusedSGD::step(LossClosure closure) {
 void FusedSGD::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
 #if DDP_TORCH_HAS_FUSED_SGD
   torch::NoGradGuard no_grad;
-  const bool capturing = ddp::detail::current_stream_capturing();
+  const bool capturing = recording_step("ddp::optim::FusedSGD");
   for (std::size_t group_index = 0; group_index < param_groups_.size(); ++group_index) {
     auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
