@@ -8,10 +8,14 @@ set(DDP_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/ddp")
 # directories: the installed libddp.so must still find them, when it is loaded
 # and when a consumer's linker follows its dependencies.
 set_target_properties(ddp PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
+# ddprun --doctor runs the probe it finds next to itself; the probe finds
+# libddp.so in ../lib.
+set_target_properties(ddp_doctor_probe PROPERTIES
+  INSTALL_RPATH_USE_LINK_PATH TRUE INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
 
 install(TARGETS ddp EXPORT ddpTargets
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
-install(TARGETS ddprun RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+install(TARGETS ddprun ddp_doctor_probe RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/ddp" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION "${DDP_INSTALL_CMAKEDIR}")
 

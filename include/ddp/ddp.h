@@ -16,3 +16,4 @@
 #include <ddp/precision.h>
 #include <ddp/process_group.h>
 #include <ddp/sharding.h>
+#include <ddp/versions.h>

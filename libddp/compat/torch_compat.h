@@ -28,6 +28,10 @@
 #define DDP_TORCH_HAS_CPU_AMP_KERNELS 0
 #endif
 
+// The cuDNN the process loaded, next to the one LibTorch was built with
+// (LibTorch 2.x; taken from 2.8, the oldest 2.x release libddp is tried with).
+#define DDP_TORCH_HAS_RUNTIME_CUDNN_VERSION DDP_TORCH_AT_LEAST(2, 8)
+
 // ATen's fused AdamW kernel (what torch.optim.AdamW(fused=True) runs).
 #define DDP_TORCH_HAS_FUSED_ADAMW __has_include(<ATen/ops/_fused_adamw.h>)
 // ATen's fused SGD kernel (what torch.optim.SGD(fused=True) runs), since 2.3.

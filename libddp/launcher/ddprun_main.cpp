@@ -3,15 +3,18 @@
 #include <cstdio>
 #include <exception>
 
+#include "launcher/doctor.h"
 #include "launcher/launch_options.h"
 #include "launcher/supervisor.h"
 
 int main(int argc, char** argv) {
   using namespace ddp::launcher;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args[0] == "--doctor") return run_doctor(args);
   LaunchOptions options;
   try {
     bool help = false;
-    options = parse_launch_options(std::vector<std::string>(argv + 1, argv + argc), help);
+    options = parse_launch_options(args, help);
     if (help) {
       std::fputs(usage().c_str(), stdout);
       return 0;

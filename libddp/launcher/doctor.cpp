@@ -1,0 +1,229 @@
+#include "launcher/doctor.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "launcher/launch_options.h"
+
+extern char** environ;
+
+namespace ddp::launcher {
+namespace {
+
+constexpr const char* kProbeName = "ddp_doctor_probe";
+constexpr int kProbeSeconds = 240;  // past the workers' own 60 s deadlines
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (const unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += fmt::format("\\u{:04x}", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+/// The last non-empty line of each rank's log: where a failed probe stopped.
+std::string last_lines(const std::string& log_dir) {
+  std::string lines;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(log_dir, error)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path());
+    std::string line, last;
+    while (std::getline(in, line)) {
+      if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+    }
+    if (!last.empty()) lines += (lines.empty() ? "" : " | ") + entry.path().stem().string() + ": " + last;
+  }
+  return lines;
+}
+
+/// Runs the probe as a job of this ddprun, its output into `scratch`.
+std::vector<Check> run_probe(const std::string& scratch, int workers, bool several_gpus_without_nvls_setting) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::string probe = (std::filesystem::path(self).parent_path() / kProbeName).string();
+  if (::access(probe.c_str(), X_OK) != 0) {
+    return {{CheckStatus::kWarning, "worker probe",
+             probe + " is missing, so the libraries and collectives went unchecked",
+             "install ddprun together with ddp_doctor_probe (cmake --install puts both in bin/)"}};
+  }
+  const std::string report = scratch + "/report.tsv";
+  const std::string logs = scratch + "/logs";
+  std::vector<std::string> args{self,
+                                "--standalone",
+                                "--nproc-per-node",
+                                std::to_string(workers),
+                                "--timeout",
+                                "60",
+                                "--rdzv-timeout",
+                                "60",
+                                "--log-dir",
+                                logs,
+                                probe};
+  std::vector<char*> argv;
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_text{"DDP_DOCTOR_REPORT=" + report};
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    if (std::string(*entry).rfind("DDP_DOCTOR_REPORT=", 0) != 0) env_text.emplace_back(*entry);
+  }
+  std::vector<char*> envp;
+  for (auto& entry : env_text) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  const std::string output = scratch + "/ddprun.out";
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    return {{CheckStatus::kFailure, "worker probe", fmt::format("could not start {}: {}", self, std::strerror(spawned)),
+             "check that ddprun can start programs here"}};
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kProbeSeconds);
+  bool timed_out = false;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline && !timed_out) {
+      ::kill(pid, SIGTERM);  // ddprun stops its workers and exits
+      timed_out = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::vector<Check> checks = parse_probe_report(read_text(report));
+  const bool succeeded = !timed_out && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (!succeeded) {
+    std::string where = last_lines(logs);
+    if (where.empty()) where = read_text(output);
+    std::string fix = "NCCL_DEBUG=INFO ddprun --doctor shows where it stopped; the rank logs are in " + logs;
+    if (several_gpus_without_nvls_setting) fix = "if it hung at set-up, try NCCL_NVLS_ENABLE=0; " + fix;
+    checks.push_back(
+        {CheckStatus::kFailure, "worker probe",
+         fmt::format("a {}-worker job {}: {}", workers,
+                     timed_out ? fmt::format("did not finish in {} s", kProbeSeconds) : "failed", where.substr(0, 600)),
+         fix});
+  }
+  return checks;
+}
+
+}  // namespace
+
+std::vector<Check> parse_probe_report(const std::string& text) {
+  std::vector<Check> checks;
+  std::stringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::vector<std::string> fields;
+    std::stringstream parts(line);
+    for (std::string field; std::getline(parts, field, '\t');) fields.push_back(field);
+    if (fields.size() < 3) continue;
+    Check check;
+    check.status = fields[0] == "ok"        ? CheckStatus::kOk
+                   : fields[0] == "warning" ? CheckStatus::kWarning
+                   : fields[0] == "failure" ? CheckStatus::kFailure
+                                            : CheckStatus::kInfo;
+    check.name = fields[1];
+    check.detail = fields[2];
+    if (fields.size() > 3) check.fix = fields[3];
+    checks.push_back(check);
+  }
+  return checks;
+}
+
+std::string render_report(const std::vector<Check>& checks, bool json) {
+  int failures = 0, warnings = 0;
+  for (const Check& check : checks) {
+    failures += check.status == CheckStatus::kFailure;
+    warnings += check.status == CheckStatus::kWarning;
+  }
+  std::string out;
+  if (json) {
+    out = fmt::format("{{\"ok\": {}, \"failures\": {}, \"warnings\": {}, \"checks\": [", failures == 0, failures,
+                      warnings);
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+      out += fmt::format("{}{{\"status\": {}, \"name\": {}, \"detail\": {}, \"fix\": {}}}", i ? ", " : "",
+                         json_string(to_string(checks[i].status)), json_string(checks[i].name),
+                         json_string(checks[i].detail), json_string(checks[i].fix));
+    }
+    return out + "]}\n";
+  }
+  out = "ddprun --doctor: the machine, the libraries and a collective, as a job would see them\n";
+  for (const Check& check : checks) {
+    out += fmt::format("  {:<8} {}: {}\n", to_string(check.status), check.name, check.detail);
+    if (!check.fix.empty()) out += fmt::format("  {:<8} fix: {}\n", "", check.fix);
+  }
+  out += failures > 0 ? fmt::format("{} problem(s) would stop a job; {} warning(s)\n", failures, warnings)
+                      : fmt::format("nothing found that would stop a job; {} warning(s)\n", warnings);
+  return out;
+}
+
+int run_doctor(const std::vector<std::string>& args) {
+  bool json = false;
+  for (const std::string& arg : args) {
+    if (arg == "--json") {
+      json = true;
+    } else if (arg != "--doctor") {
+      std::fprintf(stderr, "ddprun: error: --doctor takes only --json, got '%s'\n", arg.c_str());
+      return 2;
+    }
+  }
+  const HostFacts facts = read_host_facts();
+  std::vector<Check> checks = host_checks(facts);
+  char pattern[] = "/tmp/ddprun-doctor-XXXXXX";
+  if (::mkdtemp(pattern) == nullptr) {
+    checks.push_back({CheckStatus::kFailure, "temporary folder", std::string("mkdtemp failed: ") + std::strerror(errno),
+                      "make /tmp writable"});
+  } else {
+    const int gpus = visible_gpu_count();
+    const bool nvls_unset = gpus > 1 && facts.env.count("NCCL_NVLS_ENABLE") == 0;
+    bool probe_failed = false;
+    for (Check& check : run_probe(pattern, gpus > 0 ? gpus : 2, nvls_unset)) {
+      probe_failed = probe_failed || check.status == CheckStatus::kFailure;
+      checks.push_back(std::move(check));
+    }
+    std::error_code error;
+    if (!probe_failed) std::filesystem::remove_all(pattern, error);  // else its logs are named in the report
+  }
+  std::fputs(render_report(checks, json).c_str(), stdout);
+  for (const Check& check : checks) {
+    if (check.status == CheckStatus::kFailure) return 1;
+  }
+  return 0;
+}
+
+}  // namespace ddp::launcher
