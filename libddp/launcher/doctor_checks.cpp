@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,13 @@ std::string field_of(const std::string& path, const std::string& key) {
     return begin == std::string::npos ? "" : line.substr(begin);
   }
   return "";
+}
+
+std::string read_first_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
 }
 
 std::vector<std::string> split(const std::string& text, char separator) {
@@ -233,6 +241,19 @@ bool steers_the_job(const std::string& variable) {
   return false;
 }
 
+std::string driver_version_of(const std::string& line) {
+  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  ..." or
+  // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  ...":
+  // the first word after "Module" that starts with a digit.
+  const auto module = line.find("Module");
+  if (module == std::string::npos) return "";
+  std::stringstream words(line.substr(module));
+  for (std::string word; words >> word;) {
+    if (std::isdigit(static_cast<unsigned char>(word[0]))) return word;
+  }
+  return "";
+}
+
 HostFacts read_host_facts() {
   HostFacts facts;
   for (const std::string& gpu : entries_of("/proc/driver/nvidia/gpus")) {
@@ -240,16 +261,7 @@ HostFacts read_host_facts() {
     facts.gpu_models.push_back(field_of(info, "Model"));
     facts.gpu_uuids.push_back(field_of(info, "GPU UUID"));
   }
-  {
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  ..."
-    std::ifstream in("/proc/driver/nvidia/version");
-    std::string line;
-    if (std::getline(in, line)) {
-      const auto module = line.find("Kernel Module");
-      std::stringstream words(module == std::string::npos ? "" : line.substr(module + 13));
-      words >> facts.driver_version;
-    }
-  }
+  facts.driver_version = driver_version_of(read_first_line("/proc/driver/nvidia/version"));
   struct statvfs shm {};
   if (::statvfs("/dev/shm", &shm) == 0) {
     facts.shm_bytes = static_cast<std::int64_t>(shm.f_blocks) * static_cast<std::int64_t>(shm.f_frsize);

@@ -39,6 +39,9 @@ struct HostFacts {
 
 HostFacts read_host_facts();
 
+/// The driver's version in the first line of /proc/driver/nvidia/version; empty if none.
+std::string driver_version_of(const std::string& line);
+
 /// Every host check, in report order.
 std::vector<Check> host_checks(const HostFacts& facts);
 

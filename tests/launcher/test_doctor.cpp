@@ -112,6 +112,14 @@ TEST(DoctorChecks, SlowingSettingsAreWarningsAndTheSecretIsNotShown) {
   EXPECT_EQ(listed.find("HOME"), std::string::npos);
 }
 
+TEST(DoctorChecks, TheDriverVersionIsReadFromBothKernelModulesBanners) {
+  EXPECT_EQ(driver_version_of("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.86.15  Fri Jan 10 2025"),
+            "570.86.15");
+  EXPECT_EQ(driver_version_of("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build"),
+            "580.95.05");
+  EXPECT_EQ(driver_version_of(""), "");
+}
+
 TEST(DoctorReport, ProbeLinesParseAndTheJsonCountsAndEscapes) {
   const auto probe =
       parse_probe_report("ok\tall-reduce\tGloo, 2 ranks\t\nfailure\tCUDA driver\ttoo \"old\"\tupdate it\n");
