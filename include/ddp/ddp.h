@@ -12,6 +12,7 @@
 #include <ddp/float8_tensor.h>
 #include <ddp/grad_scaler.h>
 #include <ddp/iteration_timing.h>
+#include <ddp/join.h>
 #include <ddp/optim.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>

@@ -28,6 +28,8 @@ class OutputArchive;
 
 namespace ddp {
 
+class Join;
+
 /// Options of DistributedDataParallel; defaults are PyTorch DDP's, except
 /// gradient_as_bucket_view (on here, off in PyTorch).
 struct DistributedDataParallelOptions {
@@ -132,8 +134,21 @@ class DDP_API DataParallelCore {
                                const std::function<void(torch::serialize::OutputArchive&)>& extra);
   void load_sharded_checkpoint(const std::string& directory, torch::optim::Optimizer* optimizer,
                                const std::function<void(torch::serialize::InputArchive&)>& extra);
+  /// ddp::Join: from here on each forward first agrees with the other ranks
+  /// on who is still active. UsageError with sharding.
+  void enter_join(bool divide_by_initial_world_size);
+  /// ddp::Join::done(): meets the active ranks' collectives until every rank
+  /// is done (`after_synced_backward` after each reduced backward), then
+  /// gives every rank the parameters and buffers of the rank that trained
+  /// longest, and leaves join mode.
+  void shadow_until_all_joined(const std::function<void()>& after_synced_backward);
+  void leave_join();
 
  private:
+  struct JoinState;
+  /// Under a Join, an active rank's forward: agrees on who is active and
+  /// what this forward does; returns the rank whose buffers are broadcast.
+  int agree_on_active_forward();
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;
@@ -144,6 +159,7 @@ class DDP_API DataParallelCore {
   std::unique_ptr<BufferSync> buffer_sync_;  // null: no buffers
   std::shared_ptr<Timeline> timeline_;
   std::shared_ptr<Reducer> reducer_;
+  std::unique_ptr<JoinState> join_;  // set between enter_join() and leave_join()
 };
 
 inline void collect_tensors(const at::Tensor& tensor, std::vector<at::Tensor>& out) { out.push_back(tensor); }
@@ -367,6 +383,7 @@ class DistributedDataParallel {
 
   template <typename M>
   friend at::Tensor clip_grad_norm_(DistributedDataParallel<M>& model, double max_norm, double norm_type);
+  friend class Join;
 };
 
 /// Runs `function`, the forward of `unit` (a submodule of a model wrapped

@@ -91,6 +91,11 @@ class DDP_API GradScaler {
   /// Backs the scale off if this iteration's steps found inf/NaN, grows it
   /// after growth_interval clean iterations. Call once per iteration, after step().
   void update();
+  /// A rank out of batches under ddp::Join stands in for step() and update():
+  /// it takes part in the found-inf agreement as a rank that found none and
+  /// updates its scale with the agreed result, so it keeps the others' scale.
+  /// ddp::Join calls it (JoinOptions::grad_scaler).
+  void shadow_step();
   /// Sets the scale to `new_scale` instead.
   void update(double new_scale);
 

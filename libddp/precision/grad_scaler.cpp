@@ -218,6 +218,19 @@ void GradScaler::update() {
   impl_->stages.clear();
 }
 
+void GradScaler::shadow_step() {
+  if (!is_enabled() || !impl_->process_group) return;
+  if (!impl_->scale.defined()) {  // a rank that had no batch at all
+    const auto options = at::TensorOptions().device(impl_->process_group->device());
+    impl_->scale = at::full({1}, impl_->initial_scale, options.dtype(at::kFloat));
+    impl_->growth_tracker = at::full({1}, impl_->initial_growth_tracker, options.dtype(at::kInt));
+  }
+  auto& stage = impl_->stages[nullptr];
+  stage.found_inf = at::zeros({1}, impl_->scale.options());
+  impl_->agree_across_ranks(stage.found_inf);
+  update();
+}
+
 void GradScaler::update(double new_scale) {
   if (!is_enabled()) return;
   if (!(new_scale > 0) || !std::isfinite(new_scale)) {

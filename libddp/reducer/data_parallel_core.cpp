@@ -22,6 +22,7 @@
 #include "checkpoint/sharded_checkpoint.h"
 #include "reducer/bucket_assignment.h"
 #include "reducer/buffer_sync.h"
+#include "reducer/join_state.h"
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
 #include "reducer/sparse_gradients.h"
@@ -223,12 +224,13 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
 DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
+  const int buffer_root = join_ ? agree_on_active_forward() : 0;
   reducer_->prepare_for_forward();
   // Once in_unit is known to be called for every unit, each unit waits for its own gather.
   if (sharded_) sharded_->gather(/*defer_units=*/units_ && units_->checked());
   if (units_) units_->before_forward();
   if (buffer_sync_ && module_->is_training()) {
-    buffer_sync_->broadcast(process_group_->communicator(), 0);
+    buffer_sync_->broadcast(process_group_->communicator(), buffer_root);
   }
 }
 

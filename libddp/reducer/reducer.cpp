@@ -197,15 +197,8 @@ void Reducer::prepare_for_forward() {
   rebuilt_ = true;
 }
 
-void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  armed_ = sync_;
-  if (!armed_) return;
+void Reducer::start_backward() {
   caller_stream_ = current_stream();
-  // torch::load and Module::load replace parameters' data with set_(), and
-  // autograd then accumulates their gradients through a new node: without
-  // this the hooks would never fire and the ranks would silently drift apart.
-  follow_replaced_accumulators();
   if (config_.timeline) config_.timeline->begin_backward();
   finalize_queued_ = false;
   unused_marked_ = false;
@@ -217,6 +210,17 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
     bucket.to_copy.clear();
   }
   unused_.clear();
+}
+
+void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = sync_;
+  if (!armed_) return;
+  // torch::load and Module::load replace parameters' data with set_(), and
+  // autograd then accumulates their gradients through a new node: without
+  // this the hooks would never fire and the ranks would silently drift apart.
+  follow_replaced_accumulators();
+  start_backward();
   if (config_.find_unused_parameters) {
     if (static_unused_) {
       unused_ = *static_unused_;
@@ -231,6 +235,26 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
       if (config_.static_graph) static_unused_ = unused_;
     }
   }
+}
+
+void Reducer::shadow_backward() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    armed_ = true;
+    start_backward();
+    c10::NoGradGuard no_grad;
+    for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+    // Every parameter unused: each bucket is zeros, and the buckets launch
+    // in order through the comm hook, as in a backward.
+    unused_marked_ = true;
+    for (std::size_t index = 0; index < parameters_.size(); ++index) mark_ready(index, /*used=*/false);
+  }
+  finalize_backward();
+}
+
+void Reducer::set_averaging_ranks(int ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  averaging_ranks_ = ranks;
 }
 
 void Reducer::check_same_unused_on_all_ranks() const {
@@ -416,6 +440,12 @@ void Reducer::finalize_backward() {
     bucket.finish = nullptr;
     bucket.observer.reset();
   }
+  const int averaging_ranks = averaging_ranks_ > 0 ? averaging_ranks_ : comm_.world_size();
+  if (config_.reduce && !config_.sharded && averaging_ranks != comm_.world_size()) {
+    // The hook averaged over every rank; ranks out of batches gave zeros.
+    c10::NoGradGuard no_grad;
+    for (auto& bucket : buckets_) bucket.buffer.mul_(static_cast<double>(comm_.world_size()) / averaging_ranks);
+  }
   if (config_.sharded) {
     std::vector<std::uint8_t> used;
     if (config_.find_unused_parameters) used = globally_used();
@@ -431,7 +461,7 @@ void Reducer::finalize_backward() {
   } else if (config_.reduce && config_.find_unused_parameters) {
     adopt_globally_used_gradients(globally_used());
   }
-  if (config_.reduce && config_.sparse) config_.sparse->average();
+  if (config_.reduce && config_.sparse) config_.sparse->average(averaging_ranks);
   if (config_.reduce && !config_.sharded && !config_.gradient_as_bucket_view) {
     c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {

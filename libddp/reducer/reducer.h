@@ -82,6 +82,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// After a forward whose backward must reduce: arms the hooks; with
   /// find_unused_parameters, finds the parameters `outputs` do not depend on.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+  /// A rank out of batches (ddp::Join) meets the others' backward: every
+  /// bucket is reduced as zeros, through the comm hook, and so are the
+  /// used-parameter flags and sparse gradients. Its own gradients are dropped.
+  void shadow_backward();
+  /// How many ranks the reduced gradients average over: the comm hook's
+  /// average over all ranks is rescaled to these (ddp::Join without
+  /// divide_by_initial_world_size). Default: every rank.
+  void set_averaging_ranks(int ranks);
 
   /// Per parameter, whether `outputs` depend on it (a walk of the autograd graph).
   std::vector<std::uint8_t> used_by(const std::vector<at::Tensor>& outputs) const;
@@ -132,6 +140,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void gather_into_bucket(Bucket& bucket);
   void launch_ready_buckets();
   void finalize_backward();
+  /// Resets the per-backward state, for a backward or its shadow.
+  void start_backward();
   /// Per parameter, whether any rank used it in this backward (a host sync;
   /// under static_graph only the first time, so that a step can be recorded).
   std::vector<std::uint8_t> globally_used();
@@ -171,6 +181,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<std::size_t> unused_;
   std::optional<std::vector<std::size_t>> static_unused_;
   std::optional<std::vector<std::uint8_t>> static_globally_used_;
+  int averaging_ranks_ = 0;               // 0: every rank
   std::vector<std::size_t> ready_order_;  // of the first reduced backward
   std::size_t reduced_iterations_ = 0;
   bool rebuilt_ = false;

@@ -38,7 +38,7 @@ std::vector<at::Tensor> SparseGradients::find(torch::nn::Module& module) {
   return sparse;
 }
 
-void SparseGradients::average() {
+void SparseGradients::average(int averaging_ranks) {
   const c10::Device device = comm_.device();
   const int world = comm_.world_size();
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -81,7 +81,7 @@ void SparseGradients::average() {
     at::Tensor summed = at::sparse_coo_tensor(at::cat(rank_indices).unsqueeze(0),
                                               at::cat(rank_values).reshape(value_shape), parameter.sizes())
                             .coalesce();
-    parameter.mutable_grad() = (summed / world).to(parameter.device());
+    parameter.mutable_grad() = (summed / averaging_ranks).to(parameter.device());
   }
 }
 

@@ -28,8 +28,9 @@ class SparseGradients {
   /// the weights of Embedding and EmbeddingBag modules with sparse(true).
   static std::vector<at::Tensor> find(torch::nn::Module& module);
 
-  /// Replaces each parameter's gradient by its average over the ranks.
-  void average();
+  /// Replaces each parameter's gradient by the ranks' sum divided by
+  /// `averaging_ranks` (every rank, or those a ddp::Join counts).
+  void average(int averaging_ranks);
 
   bool empty() const { return parameters_.empty(); }
 

@@ -1,0 +1,76 @@
+#pragma once
+
+#include <memory>
+
+#include <torch/arg.h>
+
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/export.h>
+#include <ddp/grad_scaler.h>
+
+namespace ddp {
+
+/// How a ddp::Join averages and which GradScaler it keeps in step.
+struct DDP_API JoinOptions {
+  /// Average the gradients over every rank, counting a rank out of batches
+  /// as zeros (PyTorch's default), instead of over the ranks that had a batch.
+  TORCH_ARG(bool, divide_by_initial_world_size) = true;
+
+ public:
+  /// The GradScaler the step uses, if any: a rank out of batches takes part
+  /// in its found-inf agreement (GradScaler::shadow_step). Not owned.
+  JoinOptions& grad_scaler(GradScaler* scaler) {
+    grad_scaler_ = scaler;
+    return *this;
+  }
+  /// The GradScaler given, or null.
+  GradScaler* grad_scaler() const { return grad_scaler_; }
+
+ private:
+  GradScaler* grad_scaler_ = nullptr;
+};
+
+/// Training with uneven inputs, as PyTorch's Join: ranks may run out of
+/// batches at different iterations. While a Join exists every forward of the
+/// model first agrees with the other ranks on who is still training (a small
+/// all-reduce). A rank that has run out calls done(), which meets the
+/// collectives of the others' iterations (bucket reductions of zeros through
+/// the comm hook, buffer broadcasts, DDP's bucket rebuild, the used-parameter
+/// flags, sparse gradients, the GradScaler's agreement) until every rank has
+/// called it; then every rank holds the parameters and buffers of the rank
+/// that trained longest.
+///
+///   ddp::Join join(model, ddp::JoinOptions().grad_scaler(&scaler));
+///   for (auto& batch : my_batches) { ...forward, backward, step... }
+///   join.done();
+///
+/// Every active rank must do the same kind of forward (training with a
+/// backward, no_sync, or evaluation under torch::NoGradGuard); a forward with
+/// gradients whose backward never runs makes the others wait. Plain DDP
+/// only: with a sharding mode construction is a UsageError. The optimizer
+/// state of a rank that stopped early stays as it was.
+class DDP_API Join {
+ public:
+  /// Puts `model` in join mode until done() or destruction. UsageError for
+  /// a model with a sharding mode.
+  template <typename ModuleType>
+  explicit Join(DistributedDataParallel<ModuleType>& model, JoinOptions options = {}) : Join(model.core_, options) {}
+  /// Leaves join mode; it does not join: a rank that never calls done()
+  /// leaves the others to their collectives' timeout, which names it.
+  ~Join();
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
+
+  /// This rank is out of batches: returns when every rank has called done().
+  /// Collective.
+  void done();
+
+ private:
+  Join(std::shared_ptr<detail::DataParallelCore> core, JoinOptions options);
+
+  std::shared_ptr<detail::DataParallelCore> core_;
+  JoinOptions options_;
+  bool done_ = false;
+};
+
+}  // namespace ddp
