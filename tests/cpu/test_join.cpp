@@ -1,140 +1,26 @@
 // ddp::Join over Gloo: ranks with different numbers of batches train as one
 // process that saw, at each step, the batches of the ranks that still had one.
 
-#include <algorithm>
-#include <optional>
-#include <thread>
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <ddp/ddp.h>
 
 #include "support/collective_checks.h"
+#include "support/join_scenarios.h"
 #include "support/multiprocess.h"
 
 namespace {
 
 using namespace ddp::testing;
 
-struct JoinScenario {
-  std::vector<int> batches;  ///< Per rank; the world size is their count.
-  bool divide_by_initial_world_size = true;
-  int micro_batches = 1;     ///< All but the last under no_sync().
-  bool side_branch = false;  ///< A layer some ranks skip at some steps (find_unused_parameters).
-  bool batch_norm = false;   ///< Buffers broadcast before each training forward.
-  bool grad_scaler = false;  ///< The last rank's second batch holds an inf: every active rank skips that step.
-};
-
-struct NetImpl : torch::nn::Module {
-  explicit NetImpl(bool batch_norm)
-      : first(register_module("first", torch::nn::Linear(8, 16))),
-        second(register_module("second", torch::nn::Linear(16, 4))),
-        side(register_module("side", torch::nn::Linear(16, 4))) {
-    if (batch_norm) norm = register_module("norm", torch::nn::BatchNorm1d(16));
-  }
-  torch::Tensor forward(const torch::Tensor& x, bool use_side) {
-    torch::Tensor h = torch::tanh(first(x));
-    if (norm) h = norm(h);
-    torch::Tensor out = second(h);
-    return use_side ? out + side(h) : out;
-  }
-  torch::nn::Linear first, second, side;
-  torch::nn::BatchNorm1d norm{nullptr};
-};
-TORCH_MODULE(Net);
-
-struct Batch {
-  torch::Tensor x, y;
-};
-
-Batch batch_of(int rank, int step, int micro, bool poison) {
-  auto generator = at::detail::createCPUGenerator(10000 * step + 100 * micro + rank);
-  Batch batch{torch::randn({6, 8}, generator), torch::randn({6, 4}, generator)};
-  if (poison) batch.x[0][0] = INFINITY;
-  return batch;
-}
-
-bool uses_side(const JoinScenario& s, int rank, int step) { return !s.side_branch || (step + rank) % 2 == 0; }
-bool poisoned(const JoinScenario& s, int rank, int step) {
-  return s.grad_scaler && rank == static_cast<int>(s.batches.size()) - 1 && step == 1;
-}
-
-Net make_net(const JoinScenario& s) {
-  torch::manual_seed(0);
-  return Net(s.batch_norm);
-}
-
-/// One process: at each step, the mean loss of each rank that still had a
-/// batch, summed and divided by the world size (or by those ranks).
-Net train_one_process(const JoinScenario& s) {
-  Net net = make_net(s);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
-  const int world = static_cast<int>(s.batches.size());
-  const int steps = *std::max_element(s.batches.begin(), s.batches.end());
-  for (int step = 0; step < steps; ++step) {
-    std::vector<int> active;
-    for (int rank = 0; rank < world; ++rank) {
-      if (step < s.batches[static_cast<std::size_t>(rank)]) active.push_back(rank);
-    }
-    const bool skipped = std::any_of(active.begin(), active.end(), [&](int r) { return poisoned(s, r, step); });
-    const double divisor = s.divide_by_initial_world_size ? world : static_cast<double>(active.size());
-    optimizer.zero_grad();
-    for (int rank : active) {
-      for (int micro = 0; micro < s.micro_batches; ++micro) {
-        const Batch b = batch_of(rank, step, micro, false);
-        const torch::Tensor loss = torch::mse_loss(net->forward(b.x, uses_side(s, rank, step)), b.y);
-        (loss / (divisor * s.micro_batches)).backward();
-      }
-    }
-    if (!skipped) optimizer.step();
-  }
-  return net;
-}
-
-/// Every rank must hold the same value: its max over the ranks, and the max of its negation, agree with it.
-void require_same_on_every_rank(ddp::Communicator& comm, const torch::Tensor& value, const std::string& what) {
-  torch::Tensor high = value.detach().to(torch::kDouble), low = -high;
-  comm.all_reduce(high, ddp::ReduceOp::kMax)->wait();
-  comm.all_reduce(low, ddp::ReduceOp::kMax)->wait();
-  require(torch::equal(high, -low), what + " differs between ranks after done()");
+std::shared_ptr<ddp::ProcessGroup> init_gloo(int seconds = 60) {
+  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(seconds)));
 }
 
 void expect_join_matches_one_process(const JoinScenario& s) {
-  expect_all_succeeded(run_ranks(static_cast<int>(s.batches.size()), [&s](int rank) {
-    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
-    Net net = make_net(s);
-    ddp::DistributedDataParallel<Net> model(
-        net, pg, ddp::DistributedDataParallelOptions().find_unused_parameters(s.side_branch));
-    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
-    ddp::GradScaler scaler(ddp::GradScalerOptions().enabled(s.grad_scaler).init_scale(1024), pg);
-    ddp::Join join(
-        model, ddp::JoinOptions().divide_by_initial_world_size(s.divide_by_initial_world_size).grad_scaler(&scaler));
-    for (int step = 0; step < s.batches[static_cast<std::size_t>(rank)]; ++step) {
-      optimizer.zero_grad();
-      for (int micro = 0; micro < s.micro_batches; ++micro) {
-        std::optional<ddp::DistributedDataParallel<Net>::NoSyncGuard> no_sync;
-        if (micro + 1 < s.micro_batches) no_sync.emplace(model.no_sync());
-        const Batch b = batch_of(rank, step, micro, poisoned(s, rank, step));
-        const torch::Tensor loss = torch::mse_loss(model(b.x, uses_side(s, rank, step)), b.y) / s.micro_batches;
-        scaler.scale(loss).backward();
-      }
-      scaler.step(optimizer);
-      scaler.update();
-    }
-    join.done();
-
-    const Net reference = train_one_process(s);
-    const auto expected = reference->named_parameters();
-    for (const auto& item : net->named_parameters()) {
-      require(torch::allclose(item.value(), expected[item.key()], 1e-5, 1e-6),
-              "rank " + std::to_string(rank) + ": " + item.key() + " differs from one process's");
-    }
-    auto& comm = pg->communicator();
-    for (const auto& item : net->named_buffers()) require_same_on_every_rank(comm, item.value(), item.key());
-    require_same_on_every_rank(comm, torch::tensor({scaler.get_scale()}), "the GradScaler's scale");
-    if (s.grad_scaler) require(scaler.get_scale() == 512, "the inf step did not back the scale off on every rank");
-  }));
+  expect_all_succeeded(
+      run_ranks(static_cast<int>(s.batches.size()), [&s](int) { check_join_matches_one_process(init_gloo(), s); }));
 }
 
 TEST(JoinGloo, TwoRanksWithTwoBatchesLessOnOneMatchOneProcess) { expect_join_matches_one_process({{3, 5}}); }
@@ -159,35 +45,17 @@ TEST(JoinGloo, NoSyncUnusedParametersBuffersAndGradScalerMatchOneProcess) {
 
 // A rank that leaves without done() is named by the others' failure, not waited for.
 TEST(JoinGloo, ARankThatExitsWithoutJoiningIsNamed) {
-  const auto outcomes = run_ranks(2, [](int rank) {
-    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(10)));
-    JoinScenario s{{4, 1}};
-    Net net = make_net(s);
-    ddp::DistributedDataParallel<Net> model(net, pg);
-    ddp::Join join(model);
-    const std::string message = collective_error_of([&] {
-      for (int step = 0; step < s.batches[static_cast<std::size_t>(rank)]; ++step) {
-        const Batch b = batch_of(rank, step, 0, false);
-        torch::mse_loss(model(b.x, true), b.y).backward();
-      }
-      if (rank == 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // lets the watchdogs publish progress
-        std::_Exit(0);                                                // forgets join.done()
-      }
-      join.done();
-    });
-    require_contains(message, "rank 1: issued #");
-  });
+  const auto outcomes = run_ranks(2, [](int) { check_exit_without_join_is_named(init_gloo(10)); });
   EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].error;
   EXPECT_EQ(outcomes[1].exit_code, 0) << outcomes[1].error;
 }
 
 TEST(JoinGloo, ShardingModesAreRefusedByName) {
   expect_all_succeeded(run_ranks(2, [](int) {
-    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
-    Net net = make_net({{1, 1}});
-    ddp::DistributedDataParallel<Net> model(net, pg,
-                                            ddp::DistributedDataParallelOptions().sharding(ddp::Sharding::kGradients));
+    auto pg = init_gloo();
+    torch::nn::Linear net(4, 4);
+    ddp::DistributedDataParallel<torch::nn::Linear> model(
+        net, pg, ddp::DistributedDataParallelOptions().sharding(ddp::Sharding::kGradients));
     require_usage_error([&] { ddp::Join join(model); }, "ddp::Join supports plain DDP (Sharding::kNone) for now");
   }));
 }

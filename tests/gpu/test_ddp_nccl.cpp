@@ -14,6 +14,7 @@
 #include <ddp/ddp.h>
 
 #include "support/captured_scenarios.h"
+#include "support/join_scenarios.h"
 #include "support/sparse_scenarios.h"
 #include "support/ddp_scenarios.h"
 #include "support/sharding_scenarios.h"
@@ -127,6 +128,26 @@ TEST(DdpNccl, SparseGradientsOfAnEmbeddingOneRankUsesAndUnderNoSyncMatchOneProce
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_nccl();
     ddp::testing::check_sparse_matches_one_process(pg, /*rare_on_rank0_only=*/true, /*accumulate=*/true);
+  }));
+}
+
+// ddp::Join over NCCL: the Gloo suite's uneven-input checks.
+TEST(DdpNccl, JoinWithUnevenBatchesMatchesOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    ddp::testing::JoinScenario s{{2, 5}};
+    s.micro_batches = 2;
+    s.side_branch = true;
+    s.batch_norm = true;
+    s.grad_scaler = true;
+    ddp::testing::check_join_matches_one_process(init_nccl(), s);
+  }));
+}
+
+TEST(DdpNccl, JoinAveragedOverTheActiveRanksMatchesOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    ddp::testing::JoinScenario s{{4, 1}};
+    s.divide_by_initial_world_size = false;
+    ddp::testing::check_join_matches_one_process(init_nccl(), s);
   }));
 }
 
