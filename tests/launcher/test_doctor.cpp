@@ -45,7 +45,8 @@ TEST(DoctorChecks, AHealthyMachineHasNoFailures) {
 TEST(DoctorChecks, ATinySharedMemoryIsAFailureWithTheFix) {
   HostFacts facts = healthy();
   facts.shm_bytes = facts.shm_free_bytes = 64 * kMiB;
-  const Check& shm = find(host_checks(facts), "/dev/shm");
+  const auto checks = host_checks(facts);
+  const Check& shm = find(checks, "/dev/shm");
   EXPECT_EQ(shm.status, CheckStatus::kFailure);
   EXPECT_NE(shm.fix.find("--ipc=host"), std::string::npos);
   facts.gpu_models.resize(1);  // one GPU: no NCCL traffic between local ranks
@@ -62,7 +63,8 @@ TEST(DoctorChecks, CudaVisibleDevicesMustNameGpusThatExistOnce) {
                                                                            {"GPU-cccc", false},
                                                                            {"x", false}}) {
     facts.env["CUDA_VISIBLE_DEVICES"] = value;
-    const Check& check = find(host_checks(facts), "CUDA_VISIBLE_DEVICES");
+    const auto checks = host_checks(facts);
+    const Check& check = find(checks, "CUDA_VISIBLE_DEVICES");
     EXPECT_EQ(check.status == CheckStatus::kOk, ok) << value << ": " << check.detail;
     if (!ok) {
       EXPECT_NE(check.fix.find("nvidia-smi -L"), std::string::npos);
@@ -78,7 +80,8 @@ TEST(DoctorChecks, SocketInterfacesMustMatchOneOfTheHosts) {
   for (const auto& [value, ok] : std::vector<std::pair<std::string, bool>>{
            {"eth", true}, {"=eth0", true}, {"^lo", true}, {"ib", false}, {"=eth", false}, {"^eth,lo", false}}) {
     facts.env["NCCL_SOCKET_IFNAME"] = value;
-    const Check& check = find(host_checks(facts), "NCCL_SOCKET_IFNAME");
+    const auto checks = host_checks(facts);
+    const Check& check = find(checks, "NCCL_SOCKET_IFNAME");
     EXPECT_EQ(check.status == CheckStatus::kOk, ok) << value << ": " << check.detail;
     if (!ok) {
       EXPECT_NE(check.detail.find("eth0, lo"), std::string::npos) << check.detail;
