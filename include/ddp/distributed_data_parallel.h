@@ -140,8 +140,8 @@ class DDP_API DataParallelCore {
   /// ddp::Join::done(): meets the active ranks' collectives until every rank
   /// is done (`after_synced_backward` after each reduced backward), then
   /// gives every rank the parameters and buffers of the rank that trained
-  /// longest, and leaves join mode.
-  void shadow_until_all_joined(const std::function<void()>& after_synced_backward);
+  /// longest, and `optimizer`'s state there (if not null), and leaves join mode.
+  void shadow_until_all_joined(const std::function<void()>& after_synced_backward, torch::optim::Optimizer* optimizer);
   void leave_join();
 
  private:
@@ -149,6 +149,8 @@ class DDP_API DataParallelCore {
   /// Under a Join, an active rank's forward: agrees on who is active and
   /// what this forward does; returns the rank whose buffers are broadcast.
   int agree_on_active_forward();
+  /// Every rank takes `root`'s state of `optimizer` (SGD, Adam, AdamW). Collective.
+  void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root);
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;

@@ -25,9 +25,20 @@ struct DDP_API JoinOptions {
   }
   /// The GradScaler given, or null.
   GradScaler* grad_scaler() const { return grad_scaler_; }
+  /// The optimizer that steps the model, if any (SGD, Adam, AdamW and the
+  /// fused ones): done() gives every rank its state on the rank that trained
+  /// longest, as it does the parameters, so that training can go on as one
+  /// replica (e.g. after an epoch's uneven tail). Not owned.
+  JoinOptions& optimizer(torch::optim::Optimizer* optimizer) {
+    optimizer_ = optimizer;
+    return *this;
+  }
+  /// The optimizer given, or null.
+  torch::optim::Optimizer* optimizer() const { return optimizer_; }
 
  private:
   GradScaler* grad_scaler_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
 };
 
 /// Training with uneven inputs, as PyTorch's Join: ranks may run out of
@@ -38,7 +49,8 @@ struct DDP_API JoinOptions {
 /// the comm hook, buffer broadcasts, DDP's bucket rebuild, the used-parameter
 /// flags, sparse gradients, the GradScaler's agreement) until every rank has
 /// called it; then every rank holds the parameters and buffers of the rank
-/// that trained longest.
+/// that trained longest (and, given JoinOptions::optimizer, its optimizer
+/// state).
 ///
 ///   ddp::Join join(model, ddp::JoinOptions().grad_scaler(&scaler));
 ///   for (auto& batch : my_batches) { ...forward, backward, step... }
@@ -47,8 +59,7 @@ struct DDP_API JoinOptions {
 /// Every active rank must do the same kind of forward (training with a
 /// backward, no_sync, or evaluation under torch::NoGradGuard); a forward with
 /// gradients whose backward never runs makes the others wait. Plain DDP
-/// only: with a sharding mode construction is a UsageError. The optimizer
-/// state of a rank that stopped early stays as it was.
+/// only: with a sharding mode construction is a UsageError.
 class DDP_API Join {
  public:
   /// Puts `model` in join mode until done() or destruction. UsageError for

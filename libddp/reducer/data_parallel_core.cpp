@@ -16,8 +16,10 @@
 #include <torch/optim/sgd.h>
 
 #include <ddp/errors.h>
+#include <ddp/optim.h>
 
 #include "checkpoint/module_state.h"
+#include "checkpoint/optimizer_param_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/sharded_checkpoint.h"
 #include "reducer/bucket_assignment.h"
@@ -249,6 +251,36 @@ void DataParallelCore::after_forward(const std::vector<at::Tensor>& outputs) {
     units_->after_forward(check ? &used : nullptr);
   }
   if (at::GradMode::is_enabled()) reducer_->prepare_for_backward(outputs);
+}
+
+void DataParallelCore::broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root) {
+  const OptimizerKind kind = kind_of(optimizer);
+  if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->sync_host_state();
+  Communicator& comm = process_group_->communicator();
+  const std::vector<std::string> names = state_tensor_names(kind, optimizer);
+  c10::NoGradGuard no_grad;
+  for (const at::Tensor& parameter : trained_) {
+    ParamState state = read_param_state(kind, optimizer, parameter);
+    at::Tensor step = at::full({1}, state.step, at::TensorOptions().dtype(at::kLong).device(comm.device()));
+    comm.broadcast(step, root)->wait();
+    ParamState agreed;
+    agreed.step = step.cpu().item<std::int64_t>();
+    for (const std::string& name : names) {
+      if (agreed.step < 0) break;  // no state on root: none anywhere
+      const auto it = state.tensors.find(name);
+      // Laid out as the parameter, as the optimizer made it; sent as contiguous memory.
+      at::Tensor value = it != state.tensors.end() && it->second.defined() ? it->second : at::zeros_like(parameter);
+      at::Tensor sent = value.contiguous();
+      comm.broadcast(sent, root)->wait();
+      agreed.tensors[name] = at::empty_like(parameter).copy_(sent);
+    }
+    if (comm.rank() == root) continue;
+    if (agreed.step < 0) {
+      erase_param_state(optimizer, parameter);
+    } else {
+      write_param_state(kind, optimizer, parameter, agreed);
+    }
+  }
 }
 
 void DataParallelCore::set_sync(bool sync) { reducer_->set_sync(sync); }

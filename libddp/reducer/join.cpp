@@ -27,9 +27,11 @@ Join::~Join() {
 void Join::done() {
   if (done_) return;
   GradScaler* scaler = options_.grad_scaler();
-  core_->shadow_until_all_joined([scaler] {
-    if (scaler != nullptr) scaler->shadow_step();
-  });
+  core_->shadow_until_all_joined(
+      [scaler] {
+        if (scaler != nullptr) scaler->shadow_step();
+      },
+      options_.optimizer());
   done_ = true;
 }
 
@@ -118,7 +120,8 @@ int DataParallelCore::agree_on_active_forward() {
   return it.first_active;
 }
 
-void DataParallelCore::shadow_until_all_joined(const std::function<void()>& after_synced_backward) {
+void DataParallelCore::shadow_until_all_joined(const std::function<void()>& after_synced_backward,
+                                               torch::optim::Optimizer* optimizer) {
   if (!join_) throw UsageError("ddp::Join::done(): the model is not in join mode");
   Communicator& comm = process_group_->communicator();
   for (;;) {
@@ -143,6 +146,7 @@ void DataParallelCore::shadow_until_all_joined(const std::function<void()>& afte
   c10::NoGradGuard no_grad;
   for (const at::Tensor& parameter : module_->parameters()) broadcast_in_place(comm, parameter, source);
   for (const at::Tensor& buffer : module_->buffers()) broadcast_in_place(comm, buffer, source);
+  if (optimizer != nullptr) broadcast_optimizer_state(*optimizer, source);
   leave_join();
 }
 

@@ -25,6 +25,14 @@ void expect_join_matches_one_process(const JoinScenario& s) {
 
 TEST(JoinGloo, TwoRanksWithTwoBatchesLessOnOneMatchOneProcess) { expect_join_matches_one_process({{3, 5}}); }
 
+// The optimizer's momentum comes from the rank that trained longest, so the
+// replicas stay one after the join (an epoch's uneven tail, then more epochs).
+TEST(JoinGloo, TrainingGoesOnAsOneReplicaAfterTheJoin) {
+  JoinScenario s{{1, 3, 2}};
+  s.steps_after_join = 3;
+  expect_join_matches_one_process(s);
+}
+
 // Four ranks, 1 to 6 batches; averaged over the ranks that had a batch.
 TEST(JoinGloo, FourRanksAveragedOverTheActiveOnesMatchOneProcess) {
   JoinScenario s{{6, 1, 4, 2}};

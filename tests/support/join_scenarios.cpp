@@ -48,6 +48,8 @@ bool poisoned(const JoinScenario& s, int rank, int step) {
   return s.grad_scaler && rank == static_cast<int>(s.batches.size()) - 1 && step == 1;
 }
 
+torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.1).momentum(0.9); }
+
 Net make_net(const JoinScenario& s, const torch::Device& device) {
   torch::manual_seed(0);
   Net net(s.batch_norm);
@@ -59,13 +61,13 @@ Net make_net(const JoinScenario& s, const torch::Device& device) {
 /// batch, summed and divided by the world size (or by those ranks).
 Net train_one_process(const JoinScenario& s, const torch::Device& device) {
   Net net = make_net(s, device);
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optimizer(net->parameters(), sgd_options());
   const int world = static_cast<int>(s.batches.size());
-  const int steps = *std::max_element(s.batches.begin(), s.batches.end());
-  for (int step = 0; step < steps; ++step) {
+  const int uneven = *std::max_element(s.batches.begin(), s.batches.end());
+  for (int step = 0; step < uneven + s.steps_after_join; ++step) {
     std::vector<int> active;
     for (int rank = 0; rank < world; ++rank) {
-      if (step < s.batches[static_cast<std::size_t>(rank)]) active.push_back(rank);
+      if (step < s.batches[static_cast<std::size_t>(rank)] || step >= uneven) active.push_back(rank);
     }
     const bool skipped = std::any_of(active.begin(), active.end(), [&](int r) { return poisoned(s, r, step); });
     const double divisor = s.divide_by_initial_world_size ? world : static_cast<double>(active.size());
@@ -96,10 +98,9 @@ void check_join_matches_one_process(const std::shared_ptr<ProcessGroup>& pg, con
   const int rank = pg->rank();
   Net net = make_net(s, pg->device());
   DistributedDataParallel<Net> model(net, pg, DistributedDataParallelOptions().find_unused_parameters(s.side_branch));
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optimizer(net->parameters(), sgd_options());
   GradScaler scaler(GradScalerOptions().enabled(s.grad_scaler).init_scale(1024), pg);
-  Join join(model, JoinOptions().divide_by_initial_world_size(s.divide_by_initial_world_size).grad_scaler(&scaler));
-  for (int step = 0; step < s.batches[static_cast<std::size_t>(rank)]; ++step) {
+  const auto train_step = [&](int step) {
     optimizer.zero_grad();
     for (int micro = 0; micro < s.micro_batches; ++micro) {
       std::optional<DistributedDataParallel<Net>::NoSyncGuard> no_sync;
@@ -110,8 +111,18 @@ void check_join_matches_one_process(const std::shared_ptr<ProcessGroup>& pg, con
     }
     scaler.step(optimizer);
     scaler.update();
+  };
+  {
+    Join join(model, JoinOptions()
+                         .divide_by_initial_world_size(s.divide_by_initial_world_size)
+                         .grad_scaler(&scaler)
+                         .optimizer(s.steps_after_join > 0 ? &optimizer : nullptr));
+    for (int step = 0; step < s.batches[static_cast<std::size_t>(rank)]; ++step) train_step(step);
+    join.done();
   }
-  join.done();
+  // Then steps every rank trains, numbered after the longest rank's.
+  const int uneven = *std::max_element(s.batches.begin(), s.batches.end());
+  for (int step = uneven; step < uneven + s.steps_after_join; ++step) train_step(step);
 
   const Net reference = train_one_process(s, pg->device());
   const auto expected = reference->named_parameters();

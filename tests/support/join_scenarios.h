@@ -18,6 +18,9 @@ struct JoinScenario {
   bool side_branch = false;  ///< A layer some ranks skip at some steps (find_unused_parameters).
   bool batch_norm = false;   ///< Buffers broadcast before each training forward.
   bool grad_scaler = false;  ///< The last rank's second batch holds an inf: every active rank skips that step.
+  /// Steps every rank trains after done(), with JoinOptions::optimizer given
+  /// (momentum SGD: a stale momentum buffer would drift apart).
+  int steps_after_join = 0;
 };
 
 /// Trains the scenario under ddp::Join on `pg` (a rank per entry of
