@@ -37,6 +37,10 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
       .add("eval-every", "0", "steps between evaluations (0: only at the end)")
       .add("metrics", "", "JSON-lines metrics log (rank 0)")
       .add("fail-at-step", "-1", "testing restarts: the last rank aborts after this step on the first attempt")
+      .add("uneven", "drop",
+           "an epoch's windows or images left over after the last step every rank takes: drop them, or join: deal "
+           "them out as one more step to as many ranks as they fill, the others meeting its collectives "
+           "(ddp::Join; plain DDP, eager steps)")
       .add_switch("cuda-graph",
                   "record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after at "
                   "least 3 eager steps and replay it: one launch per step (GPU only)");
@@ -51,6 +55,12 @@ TrainerOptions trainer_options(const Flags& flags) {
   options.grad_accum = flags.integer("grad-accum");
   options.clip_grad_norm = flags.real("clip-grad-norm");
   options.cuda_graph = flags.on("cuda-graph");
+  const std::string uneven = flags.str("uneven");
+  if (uneven != "drop" && uneven != "join") flags.fail(fmt::format("--uneven must be drop or join, got '{}'", uneven));
+  options.uneven_join = uneven == "join";
+  if (options.uneven_join && options.cuda_graph) {
+    flags.fail("--uneven join trains the uneven steps eagerly under ddp::Join; drop --cuda-graph or use --uneven drop");
+  }
   options.log_every = flags.integer("log-every");
   options.checkpoint = flags.str("checkpoint");
   options.checkpoint_every = flags.integer("checkpoint-every");
@@ -178,15 +188,37 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     captured.emplace(optimizer_, train_step, ddp::CapturedStepOptions().process_group(process_group_));
   }
 
-  while (step < options_.steps) {
-    const double lr = warmup_cosine(step, options_.warmup_steps, options_.steps, options_.peak_lr, options_.min_lr);
-    for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
+  const auto draw_step = [&] {
     std::vector<at::Tensor> inputs;
     for (std::int64_t micro = 0; micro < options_.grad_accum; ++micro) {
       for (at::Tensor& tensor : callbacks.next_batch()) inputs.push_back(std::move(tensor));
     }
+    return inputs;
+  };
+  at::Tensor loss;
+  while (step < options_.steps) {
+    const double lr = warmup_cosine(step, options_.warmup_steps, options_.steps, options_.peak_lr, options_.min_lr);
+    for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
     const bool recorded_before = captured && captured->captured();
-    const at::Tensor loss = captured ? (*captured)(inputs) : train_step(inputs);
+    if (callbacks.uneven_step_next && callbacks.uneven_step_next()) {
+      // An epoch's uneven tail: the ranks that have its batches step; the
+      // others meet their collectives and then take their model and state.
+      std::unique_ptr<ddp::Join> join = callbacks.join(optimizer_, scaler_);
+      if (callbacks.has_step_here()) {
+        loss = train_step(draw_step());
+      } else {
+        callbacks.skip_step();
+        if (!loss.defined()) loss = at::zeros({}, at::TensorOptions().device(device));  // logged as this rank's
+      }
+      join->done();
+      progress.note(
+          fmt::format("step {}: an epoch's uneven tail, trained by the ranks that have its data under "
+                      "ddp::Join",
+                      step + 1));
+    } else {
+      const std::vector<at::Tensor> inputs = draw_step();
+      loss = captured ? (*captured)(inputs) : train_step(inputs);
+    }
     ++step;
     if (captured && !recorded_before && captured->captured()) {
       progress.note(fmt::format("step {} recorded into a CUDA graph; the later steps replay it", step));

@@ -15,6 +15,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <ddp/grad_scaler.h>
+#include <ddp/join.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>
 
@@ -47,6 +48,9 @@ struct TrainerOptions {
   /// optimizer) into a CUDA graph after a few eager steps and replays it
   /// (ddp::CapturedStep).
   bool cuda_graph = false;
+  /// --uneven join: an epoch's leftover data makes one more step for some
+  /// ranks, trained under ddp::Join (the example wires the callbacks).
+  bool uneven_join = false;
 };
 
 /// Declares the flags of TrainerOptions, with the example's defaults for the
@@ -76,6 +80,16 @@ struct TrainingCallbacks {
   /// Optional: evaluates the model and returns a line to print (rank 0) and
   /// a JSON object body for the metrics log.
   std::function<std::pair<std::string, std::string>()> evaluate;
+
+  /// Optional (--uneven join): whether the next step is an epoch's uneven
+  /// tail (the same on every rank), whether this rank has its batches, and
+  /// how a rank without them moves past them.
+  std::function<bool()> uneven_step_next;
+  std::function<bool()> has_step_here;
+  std::function<void()> skip_step;
+  /// Puts the model under a ddp::Join for such a step (the scaler and the
+  /// optimizer are kept in step on the ranks without batches).
+  std::function<std::unique_ptr<ddp::Join>(torch::optim::Optimizer&, ddp::GradScaler&)> join;
 };
 
 class Trainer {

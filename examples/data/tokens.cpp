@@ -43,6 +43,7 @@ void check_options(const TokenBatchOptions& options) {
   if (options.batch_size < 1 || options.seq_len < 1) {
     throw std::invalid_argument("token batches: batch_size and seq_len must be >= 1");
   }
+  if (options.batches_per_step < 1) throw std::invalid_argument("token batches: batches_per_step must be >= 1");
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
     throw std::invalid_argument("token batches: rank " + std::to_string(options.rank) + " is not in [0, world_size " +
                                 std::to_string(options.world_size) + ")");
@@ -145,7 +146,12 @@ TokenBatches::TokenBatches(const std::string& path, TokenBatchOptions options)
     : dataset_(path), options_(options) {
   check_options(options_);
   windows_ = (dataset_.size() - 1) / options_.seq_len;
-  batches_per_epoch_ = windows_ / (options_.world_size * options_.batch_size);
+  const std::int64_t step_windows = options_.batch_size * options_.batches_per_step;  // one rank's step
+  const std::int64_t whole_steps = windows_ / (options_.world_size * step_windows);
+  whole_batches_ = whole_steps * options_.batches_per_step;
+  if (options_.uneven_tail) tail_ranks_ = (windows_ - whole_steps * options_.world_size * step_windows) / step_windows;
+  batches_per_epoch_ = options_.uneven_tail ? whole_batches_ + (tail_ranks_ > 0 ? options_.batches_per_step : 0)
+                                            : windows_ / (options_.world_size * options_.batch_size);
   if (batches_per_epoch_ == 0) {
     throw DataError(path + ": " + std::to_string(dataset_.size()) + " tokens are too few for one step of " +
                     std::to_string(options_.world_size) + " ranks x " + std::to_string(options_.batch_size) +
@@ -189,7 +195,11 @@ TokenBatch TokenBatches::next() {
   const std::vector<std::int64_t>& order = order_of(epoch);
   const std::int64_t rows = options_.batch_size;
   const std::int64_t width = options_.seq_len + 1;
-  const std::int64_t first = (step * options_.world_size + options_.rank) * rows;
+  // The tail step's windows follow the whole steps', rank after rank.
+  const std::int64_t first = step < whole_batches_ || !options_.uneven_tail
+                                 ? (step * options_.world_size + options_.rank) * rows
+                                 : whole_batches_ * options_.world_size * rows +
+                                       (options_.rank * options_.batches_per_step + step - whole_batches_) * rows;
   at::Tensor tokens = at::empty({rows, width}, at::kLong);
   std::int64_t* out = tokens.data_ptr<std::int64_t>();
   for (std::int64_t row = 0; row < rows; ++row) {
@@ -197,6 +207,10 @@ TokenBatch TokenBatches::next() {
   }
   ++position_;
   return {tokens};
+}
+
+bool TokenBatches::uneven_step_next() const {
+  return tail_ranks_ > 0 && position_ % batches_per_epoch_ == whole_batches_;
 }
 
 void TokenBatches::seek(std::int64_t position) {

@@ -88,6 +88,14 @@ struct TokenBatchOptions {
   /// below it, so a file made for a larger vocabulary fails by name at once
   /// instead of inside the embedding.
   std::int64_t vocab_size = 0;
+  /// Batches each rank draws per optimizer step (gradient accumulation).
+  std::int64_t batches_per_step = 1;
+  /// A file's windows rarely fill whole steps of every rank: false drops the
+  /// epoch's leftover, true deals it out as one more step to as many ranks
+  /// as it fills (world_size * batches_per_step batches of batch_size make
+  /// a whole step; the others have no batch then: train that step under
+  /// ddp::Join). Less than one rank's step is still dropped.
+  bool uneven_tail = false;
 };
 
 /// What a language-model trainer draws batches from.
@@ -99,6 +107,12 @@ class TokenSource {
   /// stores one value and seek(position) on resume continues exactly there.
   virtual std::int64_t position() const = 0;
   virtual void seek(std::int64_t position) = 0;
+  /// Whether the next step is an epoch's uneven tail (the same on every
+  /// rank): only ranks with has_step_here() have its batches.
+  virtual bool uneven_step_next() const { return false; }
+  virtual bool has_step_here() const { return true; }
+  /// A rank without the tail step's batches moves past them, as the others draw them.
+  virtual void skip_step() {}
 };
 
 /// Batches from a token file. The file is cut into windows of T + 1 tokens
@@ -107,7 +121,7 @@ class TokenSource {
 /// rank r the r-th block of batch_size, so ranks never share a window within
 /// an epoch. Epochs repeat forever, each in a new order drawn from
 /// (seed, epoch); windows left over after the last whole step are skipped
-/// that epoch.
+/// that epoch, or with uneven_tail dealt out as one more step to some ranks.
 class TokenBatches : public TokenSource {
  public:
   TokenBatches(const std::string& path, TokenBatchOptions options);
@@ -117,6 +131,9 @@ class TokenBatches : public TokenSource {
   void seek(std::int64_t position) override;
 
   std::int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  bool uneven_step_next() const override;
+  bool has_step_here() const override { return !uneven_step_next() || options_.rank < tail_ranks_; }
+  void skip_step() override { position_ += options_.batches_per_step; }
   const TokenDataset& dataset() const { return dataset_; }
 
  private:
@@ -128,6 +145,8 @@ class TokenBatches : public TokenSource {
   TokenBatchOptions options_;
   std::int64_t windows_ = 0;
   std::int64_t batches_per_epoch_ = 0;
+  std::int64_t whole_batches_ = 0;  // per epoch and rank, in the steps every rank takes
+  std::int64_t tail_ranks_ = 0;     // ranks with one more step at the epoch's end
   std::int64_t position_ = 0;
   std::vector<std::int64_t> order_;
   std::int64_t order_epoch_ = -1;

@@ -117,6 +117,15 @@ int main(int argc, char** argv) try {
   } catch (const std::invalid_argument& e) {
     flags.fail(e.what());
   }
+  auto options = examples::trainer_options(flags);
+  if (options.uneven_join && sharding != ddp::Sharding::kNone) {
+    flags.fail("--uneven join trains under ddp::Join, which supports --sharding none only; use --uneven drop");
+  }
+  if (options.uneven_join && policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed) {
+    flags.fail(
+        "--uneven join: FP8 delayed scaling all-reduces its amaxes outside DDP, which ddp::Join does not "
+        "meet; use --fp8-scaling current or --uneven drop");
+  }
   auto process_group = ddp::init();
   const auto device = process_group->device();
   policy.check_supported(device);
@@ -128,6 +137,7 @@ int main(int argc, char** argv) try {
   token_options.world_size = process_group->world_size();
   token_options.seed = static_cast<std::uint64_t>(flags.integer("seed"));
   token_options.vocab_size = config.vocab_size;
+  token_options.batches_per_step = options.grad_accum;
   std::unique_ptr<data::TokenSource> train_data, val_data;
   if (flags.str("data") == "synthetic") {
     train_data = std::make_unique<data::SyntheticTokens>(token_options);
@@ -135,7 +145,9 @@ int main(int argc, char** argv) try {
     val.seed += 1;
     val_data = std::make_unique<data::SyntheticTokens>(val);
   } else {
-    train_data = std::make_unique<data::TokenBatches>(flags.str("data"), token_options);
+    auto train = token_options;
+    train.uneven_tail = options.uneven_join;
+    train_data = std::make_unique<data::TokenBatches>(flags.str("data"), train);
     auto val = token_options;
     val.shuffle = false;
     val_data = std::make_unique<data::TokenBatches>(
@@ -157,15 +169,14 @@ int main(int argc, char** argv) try {
   const auto optimizer =
       llama::make_adamw(ddp_model, flags.real("lr"), flags.real("beta2"), flags.real("weight-decay"));
 
-  auto options = examples::trainer_options(flags);
   options.unit = "tok/s";
   options.items_per_micro_batch = static_cast<double>(batch * config.max_seq_len);
-  options.fingerprint =
-      fmt::format("llama dim={} layers={} heads={}/{} ffn={} vocab={} seq={} batch={}x{} ranks={} precision={} "
-                  "data={} seed={}",
-                  config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.ffn_hidden, config.vocab_size,
-                  config.max_seq_len, batch, options.grad_accum, process_group->world_size(),
-                  ddp::to_string(policy.precision()), flags.str("data"), flags.integer("seed"));
+  options.fingerprint = fmt::format(
+      "llama dim={} layers={} heads={}/{} ffn={} vocab={} seq={} batch={}x{} ranks={} precision={} "
+      "data={} seed={} uneven={}",
+      config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.ffn_hidden, config.vocab_size,
+      config.max_seq_len, batch, options.grad_accum, process_group->world_size(), ddp::to_string(policy.precision()),
+      flags.str("data"), flags.integer("seed"), flags.str("uneven"));
   if (process_group->rank() == 0) {
     std::printf("LLaMA %s: %.3f B parameters, %lld layers, dim %lld; %d x %s, %s, %lld x %lld sequences of %lld "
                 "tokens per rank; optimizer %s\n",
@@ -197,6 +208,14 @@ int main(int argc, char** argv) try {
   };
   callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
   callbacks.model_checkpointing = examples::model_checkpointing(ddp_model, *optimizer);
+  if (options.uneven_join) {
+    callbacks.uneven_step_next = [&] { return train_data->uneven_step_next(); };
+    callbacks.has_step_here = [&] { return train_data->has_step_here(); };
+    callbacks.skip_step = [&] { train_data->skip_step(); };
+    callbacks.join = [&](torch::optim::Optimizer& optimizer, ddp::GradScaler& scaler) {
+      return std::make_unique<ddp::Join>(ddp_model, ddp::JoinOptions().grad_scaler(&scaler).optimizer(&optimizer));
+    };
+  }
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };
   callbacks.seek_data = [&](const std::vector<std::int64_t>& position) { train_data->seek(position.at(0)); };
   const std::int64_t eval_batches = flags.integer("eval-batches");

@@ -122,6 +122,9 @@ int main(int argc, char** argv) try {
       resnet::make_sgd(ddp_model, flags.real("lr"), flags.real("momentum"), flags.real("weight-decay"));
 
   auto options = examples::trainer_options(flags);
+  if (options.uneven_join) {
+    flags.fail("--uneven join: the image loader does not deal out an epoch's leftover images yet; use --uneven drop");
+  }
   options.unit = "img/s";
   options.items_per_micro_batch = static_cast<double>(batch);
   options.fingerprint = fmt::format("resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={}",

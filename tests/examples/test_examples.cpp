@@ -47,14 +47,15 @@ std::vector<std::string> with(std::vector<std::string> base, const std::vector<s
 
 /// Runs `steps` steps straight, then the same run killed after `fail_at`
 /// (checkpoints every `every` steps) and restarted by ddprun: every step's
-/// loss must come out the same.
+/// loss must come out the same. `note`: a line the straight run must print.
 void expect_exact_resume(const std::string& program, const std::vector<std::string>& base, int steps, int fail_at,
-                         int every) {
+                         int every, const std::string& note = "") {
   ScratchDir scratch;
   const std::string straight = scratch.path() + "/straight.jsonl";
   const std::string resumed = scratch.path() + "/resumed.jsonl";
   const auto run_straight = train(program, with(base, {"--steps", std::to_string(steps), "--metrics", straight}), scratch);
   ASSERT_EQ(run_straight.exit_code, 0) << run_straight.output;
+  ASSERT_NE(run_straight.output.find(note), std::string::npos) << run_straight.output;
   const auto run_resumed =
       train(program,
             with(base, {"--steps", std::to_string(steps), "--metrics", resumed, "--checkpoint",
@@ -121,6 +122,19 @@ TEST(LlamaExample, AKilledRunWithAccumulationAndClippingResumesExactly) {
   expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--grad-accum", "2", "--clip-grad-norm", "1.0"}), 8, 5, 3);
 }
 
+// GPL-3 in windows of 256 tokens: 8 steps of 2 ranks x 8 rows, and 9 windows
+// left, which make step 9 for rank 0 alone (ddp::Join); the resumed run
+// crosses that step.
+TEST(LlamaExample, AnEpochsUnevenTailIsTrainedUnderJoinAndResumesExactly) {
+  ScratchDir data;
+  const std::string tokens = data.path() + "/text.bin";
+  const auto made = run_ddprun(
+      {"--nproc-per-node", "1", "--standalone", MAKE_TOKENS, "--input", REAL_TEXT, "--output", tokens}, data);
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--data", tokens, "--seq-len", "256", "--uneven", "join"}), 11, 5, 3,
+                      "step 9: an epoch's uneven tail, trained by the ranks that have its data under ddp::Join");
+}
+
 TEST(LlamaExample, AKilledZero3RunResumesExactly) {
   expect_exact_resume(TRAIN_LLAMA, with(kLlama, {"--sharding", "full", "--clip-grad-norm", "1.0"}), 6, 3, 2);
 }
@@ -170,6 +184,9 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
       {TRAIN_RESNET50, {"--cuda-graph"}, "--cuda-graph records the step into a CUDA graph, which needs a CUDA device"},
+      {TRAIN_LLAMA, {"--uneven", "pad"}, "--uneven must be drop or join, got 'pad'"},
+      {TRAIN_LLAMA, {"--uneven", "join", "--sharding", "gradients"}, "--uneven join trains under ddp::Join"},
+      {TRAIN_RESNET50, {"--uneven", "join"}, "the image loader does not deal out an epoch's leftover images yet"},
   };
   for (const auto& c : cases) {
     const auto result = train(c.program, c.args, scratch);
