@@ -22,7 +22,8 @@ HostFacts healthy() {
   return facts;
 }
 
-const Check& find(const std::vector<Check>& checks, const std::string& name) {
+/// A copy: g++ 13 takes a reference returned next to a temporary name for a dangling one.
+Check find(const std::vector<Check>& checks, const std::string& name) {
   for (const Check& check : checks) {
     if (check.name == name) return check;
   }
@@ -45,8 +46,7 @@ TEST(DoctorChecks, AHealthyMachineHasNoFailures) {
 TEST(DoctorChecks, ATinySharedMemoryIsAFailureWithTheFix) {
   HostFacts facts = healthy();
   facts.shm_bytes = facts.shm_free_bytes = 64 * kMiB;
-  const auto checks = host_checks(facts);
-  const Check& shm = find(checks, "/dev/shm");
+  const Check shm = find(host_checks(facts), "/dev/shm");
   EXPECT_EQ(shm.status, CheckStatus::kFailure);
   EXPECT_NE(shm.fix.find("--ipc=host"), std::string::npos);
   facts.gpu_models.resize(1);  // one GPU: no NCCL traffic between local ranks
@@ -63,8 +63,7 @@ TEST(DoctorChecks, CudaVisibleDevicesMustNameGpusThatExistOnce) {
                                                                            {"GPU-cccc", false},
                                                                            {"x", false}}) {
     facts.env["CUDA_VISIBLE_DEVICES"] = value;
-    const auto checks = host_checks(facts);
-    const Check& check = find(checks, "CUDA_VISIBLE_DEVICES");
+    const Check check = find(host_checks(facts), "CUDA_VISIBLE_DEVICES");
     EXPECT_EQ(check.status == CheckStatus::kOk, ok) << value << ": " << check.detail;
     if (!ok) {
       EXPECT_NE(check.fix.find("nvidia-smi -L"), std::string::npos);
@@ -80,8 +79,7 @@ TEST(DoctorChecks, SocketInterfacesMustMatchOneOfTheHosts) {
   for (const auto& [value, ok] : std::vector<std::pair<std::string, bool>>{
            {"eth", true}, {"=eth0", true}, {"^lo", true}, {"ib", false}, {"=eth", false}, {"^eth,lo", false}}) {
     facts.env["NCCL_SOCKET_IFNAME"] = value;
-    const auto checks = host_checks(facts);
-    const Check& check = find(checks, "NCCL_SOCKET_IFNAME");
+    const Check check = find(host_checks(facts), "NCCL_SOCKET_IFNAME");
     EXPECT_EQ(check.status == CheckStatus::kOk, ok) << value << ": " << check.detail;
     if (!ok) {
       EXPECT_NE(check.detail.find("eth0, lo"), std::string::npos) << check.detail;
