@@ -258,28 +258,33 @@ void DataParallelCore::broadcast_optimizer_state(torch::optim::Optimizer& optimi
   if (auto* capturable = dynamic_cast<optim::CapturableOptimizer*>(&optimizer)) capturable->sync_host_state();
   Communicator& comm = process_group_->communicator();
   const std::vector<std::string> names = state_tensor_names(kind, optimizer);
-  c10::NoGradGuard no_grad;
+  // Root's step counts first, in one broadcast (-1: no state yet).
+  std::vector<ParamState> states;
+  std::vector<std::int64_t> steps;
   for (const at::Tensor& parameter : trained_) {
-    ParamState state = read_param_state(kind, optimizer, parameter);
-    at::Tensor step = at::full({1}, state.step, at::TensorOptions().dtype(at::kLong).device(comm.device()));
-    comm.broadcast(step, root)->wait();
-    ParamState agreed;
-    agreed.step = step.cpu().item<std::int64_t>();
+    states.push_back(read_param_state(kind, optimizer, parameter));
+    steps.push_back(states.back().step);
+  }
+  at::Tensor agreed = at::tensor(steps, at::kLong).to(comm.device());
+  comm.broadcast(agreed, root)->wait();
+  agreed = agreed.cpu();
+  // Then each parameter's state tensors, a parameter at a time (a flat copy
+  // of the whole state would add its size to the peak).
+  for (std::size_t i = 0; i < trained_.size(); ++i) {
+    ParamState& state = states[i];
+    state.step = agreed.data_ptr<std::int64_t>()[i];
+    if (state.step < 0) {
+      if (comm.rank() != root) erase_param_state(optimizer, trained_[i]);
+      continue;
+    }
+    std::vector<at::Tensor> tensors;
     for (const std::string& name : names) {
-      if (agreed.step < 0) break;  // no state on root: none anywhere
-      const auto it = state.tensors.find(name);
-      // Laid out as the parameter, as the optimizer made it; sent as contiguous memory.
-      at::Tensor value = it != state.tensors.end() && it->second.defined() ? it->second : at::zeros_like(parameter);
-      at::Tensor sent = value.contiguous();
-      comm.broadcast(sent, root)->wait();
-      agreed.tensors[name] = at::empty_like(parameter).copy_(sent);
+      at::Tensor& tensor = state.tensors[name];
+      if (comm.rank() != root || !tensor.defined()) tensor = at::zeros_like(trained_[i]);
+      tensors.push_back(tensor);
     }
-    if (comm.rank() == root) continue;
-    if (agreed.step < 0) {
-      erase_param_state(optimizer, parameter);
-    } else {
-      write_param_state(kind, optimizer, parameter, agreed);
-    }
+    broadcast_coalesced(comm, tensors, root);
+    if (comm.rank() != root) write_param_state(kind, optimizer, trained_[i], state);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "reducer/buffer_sync.h"
 #include "reducer/join_state.h"
+#include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
 
 namespace ddp {
@@ -81,17 +82,6 @@ Iteration agree_on_iteration(Communicator& comm, bool active, bool sync_backward
   return it;
 }
 
-/// Tensors a broadcast can take in place (channels-last weights go through a copy).
-void broadcast_in_place(Communicator& comm, at::Tensor tensor, int root) {
-  if (tensor.is_contiguous()) {
-    comm.broadcast(tensor, root)->wait();
-    return;
-  }
-  at::Tensor copy = tensor.contiguous();
-  comm.broadcast(copy, root)->wait();
-  tensor.copy_(copy);
-}
-
 }  // namespace
 
 void DataParallelCore::enter_join(bool divide_by_initial_world_size) {
@@ -143,9 +133,10 @@ void DataParallelCore::shadow_until_all_joined(const std::function<void()>& afte
   at::Tensor root = at::full({1}, longest ? comm.rank() : -1, long_options);
   comm.all_reduce(root, ReduceOp::kMax)->wait();
   const int source = static_cast<int>(root.cpu().item<std::int64_t>());
-  c10::NoGradGuard no_grad;
-  for (const at::Tensor& parameter : module_->parameters()) broadcast_in_place(comm, parameter, source);
-  for (const at::Tensor& buffer : module_->buffers()) broadcast_in_place(comm, buffer, source);
+  // (Frozen parameters never left the values DDP gave every rank at the start.)
+  std::vector<at::Tensor> state = trained_;
+  for (const at::Tensor& buffer : module_->buffers()) state.push_back(buffer);
+  broadcast_coalesced(comm, state, source);
   if (optimizer != nullptr) broadcast_optimizer_state(*optimizer, source);
   leave_join();
 }
