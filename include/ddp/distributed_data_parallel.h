@@ -29,6 +29,7 @@ class OutputArchive;
 namespace ddp {
 
 class Join;
+struct JoinOptions;
 
 /// Options of DistributedDataParallel; defaults are PyTorch DDP's, except
 /// gradient_as_bucket_view (on here, off in PyTorch).
@@ -135,13 +136,12 @@ class DDP_API DataParallelCore {
   void load_sharded_checkpoint(const std::string& directory, torch::optim::Optimizer* optimizer,
                                const std::function<void(torch::serialize::InputArchive&)>& extra);
   /// ddp::Join: from here on each forward first agrees with the other ranks
-  /// on who is still active. UsageError with sharding.
-  void enter_join(bool divide_by_initial_world_size);
+  /// on who is still active. UsageError for what the sharding mode cannot join.
+  void enter_join(const JoinOptions& options);
   /// ddp::Join::done(): meets the active ranks' collectives until every rank
-  /// is done (`after_synced_backward` after each reduced backward), then
-  /// gives every rank the parameters and buffers of the rank that trained
-  /// longest, and `optimizer`'s state there (if not null), and leaves join mode.
-  void shadow_until_all_joined(const std::function<void()>& after_synced_backward, torch::optim::Optimizer* optimizer);
+  /// is done, then gives every rank the state of the rank that trained
+  /// longest, and leaves join mode.
+  void shadow_until_all_joined();
   void leave_join();
 
  private:
@@ -149,6 +149,11 @@ class DDP_API DataParallelCore {
   /// Under a Join, an active rank's forward: agrees on who is active and
   /// what this forward does; returns the rank whose buffers are broadcast.
   int agree_on_active_forward();
+  /// Under a Join, a rank out of batches meets one forward of the active
+  /// ranks and the backward that follows it (`kind`: JoinState's).
+  void shadow_iteration(int kind, bool train_buffers, int buffer_root);
+  /// The step a rank out of batches runs after a synchronised backward.
+  void shadow_step();
   /// Every rank takes `root`'s state of `optimizer` (SGD, Adam, AdamW). Collective.
   void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root);
   std::shared_ptr<torch::nn::Module> module_;

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include <torch/arg.h>
@@ -28,17 +29,31 @@ struct DDP_API JoinOptions {
   /// The optimizer that steps the model, if any (SGD, Adam, AdamW and the
   /// fused ones): done() gives every rank its state on the rank that trained
   /// longest, as it does the parameters, so that training can go on as one
-  /// replica (e.g. after an epoch's uneven tail). Not owned.
+  /// replica (e.g. after an epoch's uneven tail). With a sharding mode it is
+  /// required: each rank owns 1/N of the parameters and keeps stepping them
+  /// after it ran out of batches (see shadow_step). Not owned.
   JoinOptions& optimizer(torch::optim::Optimizer* optimizer) {
     optimizer_ = optimizer;
     return *this;
   }
   /// The optimizer given, or null.
   torch::optim::Optimizer* optimizer() const { return optimizer_; }
+  /// Sharding modes: what a rank out of batches runs after each synchronised
+  /// backward it meets, in place of the training loop's step: gradient
+  /// clipping (a collective there), the GradScaler, the optimizer, an LR
+  /// scheduler. Unset: the GradScaler's step and update if one is given,
+  /// else the optimizer's step; then its zero_grad(). Plain DDP ignores it.
+  JoinOptions& shadow_step(std::function<void()> step) {
+    shadow_step_ = std::move(step);
+    return *this;
+  }
+  /// The shadow step given, or an empty function.
+  const std::function<void()>& shadow_step() const { return shadow_step_; }
 
  private:
   GradScaler* grad_scaler_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
+  std::function<void()> shadow_step_;
 };
 
 /// Training with uneven inputs, as PyTorch's Join: ranks may run out of
@@ -58,12 +73,21 @@ struct DDP_API JoinOptions {
 ///
 /// Every active rank must do the same kind of forward (training with a
 /// backward, no_sync, or evaluation under torch::NoGradGuard); a forward with
-/// gradients whose backward never runs makes the others wait. Plain DDP
-/// only: with a sharding mode construction is a UsageError.
+/// gradients whose backward never runs makes the others wait.
+///
+/// Sharding modes: a rank out of batches also meets the parameter gathers
+/// and reduce-scatters, receives its shard of the averaged gradients and
+/// steps it (JoinOptions::optimizer, shadow_step). Sharding::kFull's unit
+/// gathers and reductions come in an order autograd decides: the rank
+/// repeats those of its own last forward of the same kind, so every forward
+/// of a kind must run the same units, each rank must have run at least one
+/// of each kind the others run after it joined, and find_unused_parameters
+/// is refused there.
 class DDP_API Join {
  public:
   /// Puts `model` in join mode until done() or destruction. UsageError for
-  /// a model with a sharding mode.
+  /// a sharding mode without JoinOptions::optimizer, and for Sharding::kFull
+  /// with find_unused_parameters.
   template <typename ModuleType>
   explicit Join(DistributedDataParallel<ModuleType>& model, JoinOptions options = {}) : Join(model.core_, options) {}
   /// Leaves join mode; it does not join: a rank that never calls done()

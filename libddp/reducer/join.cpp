@@ -1,11 +1,13 @@
 #include <ddp/join.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <torch/optim/optimizer.h>
 
 #include <ddp/errors.h>
 
@@ -13,12 +15,13 @@
 #include "reducer/join_state.h"
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
+#include "sharding/unit_schedule.h"
 
 namespace ddp {
 
 Join::Join(std::shared_ptr<detail::DataParallelCore> core, JoinOptions options)
-    : core_(std::move(core)), options_(options) {
-  core_->enter_join(options_.divide_by_initial_world_size());
+    : core_(std::move(core)), options_(std::move(options)) {
+  core_->enter_join(options_);
 }
 
 Join::~Join() {
@@ -27,12 +30,7 @@ Join::~Join() {
 
 void Join::done() {
   if (done_) return;
-  GradScaler* scaler = options_.grad_scaler();
-  core_->shadow_until_all_joined(
-      [scaler] {
-        if (scaler != nullptr) scaler->shadow_step();
-      },
-      options_.optimizer());
+  core_->shadow_until_all_joined();
   done_ = true;
 }
 
@@ -45,20 +43,35 @@ namespace {
 struct Iteration {
   int active = 0;         ///< Ranks that still have batches.
   int first_active = -1;  ///< The lowest of them: its buffers are broadcast.
-  bool sync_backward = false;
+  int kind = kEvaluationForward;
   bool train_buffers = false;
 };
 
+int kind_of(bool grad, bool sync) {
+  if (!grad) return kEvaluationForward;
+  return sync ? kSynchronisedForward : kNoSyncForward;
+}
+
+const char* name_of(int kind) {
+  switch (kind) {
+    case kEvaluationForward: return "evaluation (no gradients)";
+    case kNoSyncForward: return "no_sync()";
+    default: return "training";
+  }
+}
+
 /// The all-reduce every rank makes at each of the active ranks' forwards:
-/// who is active, whether this forward's backward reduces, whether it
-/// broadcasts buffers. A rank out of batches offers zeros.
-Iteration agree_on_iteration(Communicator& comm, bool active, bool sync_backward, bool train_buffers) {
+/// who is active, whether this forward records a graph, whether its
+/// backward reduces, whether it broadcasts buffers. A rank out of batches
+/// offers zeros.
+Iteration agree_on_iteration(Communicator& comm, bool active, bool grad, bool sync_backward, bool train_buffers) {
   const int world = comm.world_size();
-  std::vector<std::int32_t> flags(static_cast<std::size_t>(world) + 2, 0);
+  std::vector<std::int32_t> flags(static_cast<std::size_t>(world) + 3, 0);
   if (active) {
     flags[static_cast<std::size_t>(comm.rank())] = 1;
-    flags[world] = sync_backward ? 1 : 0;
-    flags[world + 1] = train_buffers ? 1 : 0;
+    flags[world] = grad ? 1 : 0;
+    flags[world + 1] = sync_backward ? 1 : 0;
+    flags[world + 2] = train_buffers ? 1 : 0;
   }
   at::Tensor agreed = at::tensor(flags, at::kInt).to(comm.device());
   comm.all_reduce(agreed)->wait();
@@ -70,62 +83,75 @@ Iteration agree_on_iteration(Communicator& comm, bool active, bool sync_backward
     ++it.active;
     if (it.first_active < 0) it.first_active = rank;
   }
-  if ((sums[world] != 0 && sums[world] != it.active) || (sums[world + 1] != 0 && sums[world + 1] != it.active)) {
+  for (int flag = world; flag < world + 3; ++flag) {
+    if (sums[flag] == 0 || sums[flag] == it.active) continue;
     throw UsageError(fmt::format(
-        "ddp::Join: the {} active ranks disagree on this forward ({} will reduce gradients in backward, {} train "
-        "BatchNorm-style buffers): every active rank must run the same kind of forward, training (with one "
-        "backward), under no_sync(), or evaluation under torch::NoGradGuard",
-        it.active, sums[world], sums[world + 1]));
+        "ddp::Join: the {} active ranks disagree on this forward ({} record gradients, {} will reduce them in "
+        "backward, {} train BatchNorm-style buffers): every active rank must run the same kind of forward, "
+        "training (with one backward), under no_sync(), or evaluation under torch::NoGradGuard",
+        it.active, sums[world], sums[world + 1], sums[world + 2]));
   }
-  it.sync_backward = sums[world] != 0;
-  it.train_buffers = sums[world + 1] != 0;
+  it.kind = kind_of(sums[world] != 0, sums[world + 1] != 0);
+  it.train_buffers = sums[world + 2] != 0;
   return it;
 }
 
 }  // namespace
 
-void DataParallelCore::enter_join(bool divide_by_initial_world_size) {
-  if (sharded_) {
-    throw UsageError(fmt::format(
-        "ddp::Join supports plain DDP (Sharding::kNone) for now, but this model uses Sharding::{}: its parameter "
-        "gathers and gradient reduce-scatters are not met by ranks out of batches; drop the batches that do not "
-        "split evenly, or train this model without sharding",
-        to_string(options_.sharding())));
+void DataParallelCore::enter_join(const JoinOptions& options) {
+  const Sharding sharding = options_.sharding();
+  if (sharded_ && options.optimizer() == nullptr && !options.shadow_step()) {
+    throw UsageError(
+        fmt::format("ddp::Join with Sharding::{} needs the optimizer, JoinOptions().optimizer(&optimizer) (or a "
+                    "JoinOptions().shadow_step(...) that steps it): each rank owns 1/N of the parameters and must keep "
+                    "stepping its shard after it runs out of batches",
+                    to_string(sharding)));
+  }
+  if (sharding == Sharding::kFull && options_.find_unused_parameters()) {
+    throw UsageError(
+        "ddp::Join cannot join Sharding::kFull with find_unused_parameters: a rank out of batches repeats the "
+        "unit gathers of its own last forward, which need not be the units the others use now; train with "
+        "Sharding::kGradients, or use every parameter in every iteration");
   }
   join_ = std::make_unique<JoinState>();
-  join_->divide_by_initial_world_size = divide_by_initial_world_size;
+  join_->options = options;
+  if (sharding == Sharding::kFull) sharded_->record_collectives(&join_->recording);
 }
 
 void DataParallelCore::leave_join() {
+  if (sharded_) sharded_->record_collectives(nullptr);
   join_.reset();
   reducer_->set_averaging_ranks(0);
 }
 
 int DataParallelCore::agree_on_active_forward() {
-  const Iteration it =
-      agree_on_iteration(process_group_->communicator(), true, reducer_->sync() && at::GradMode::is_enabled(),
-                         buffer_sync_ != nullptr && module_->is_training());
+  const bool grad = at::GradMode::is_enabled();
+  const Iteration it = agree_on_iteration(process_group_->communicator(), true, grad, grad && reducer_->sync(),
+                                          buffer_sync_ != nullptr && module_->is_training());
   ++join_->forwards;
-  reducer_->set_averaging_ranks(join_->divide_by_initial_world_size ? 0 : it.active);
+  reducer_->set_averaging_ranks(join_->options.divide_by_initial_world_size() ? 0 : it.active);
+  // What this forward and its backward gather and reduce, for done() to repeat.
+  if (join_->recording_kind >= 0) join_->collectives[join_->recording_kind] = std::move(join_->recording);
+  join_->recording.clear();
+  join_->recording_kind = it.kind;
   return it.first_active;
 }
 
-void DataParallelCore::shadow_until_all_joined(const std::function<void()>& after_synced_backward,
-                                               torch::optim::Optimizer* optimizer) {
+void DataParallelCore::shadow_until_all_joined() {
   if (!join_) throw UsageError("ddp::Join::done(): the model is not in join mode");
+  if (join_->recording_kind >= 0) join_->collectives[join_->recording_kind] = std::move(join_->recording);
+  if (sharded_) sharded_->record_collectives(nullptr);
   Communicator& comm = process_group_->communicator();
   for (;;) {
-    const Iteration it = agree_on_iteration(comm, false, false, false);
+    const Iteration it = agree_on_iteration(comm, false, false, false, false);
     if (it.active == 0) break;
-    reducer_->prepare_for_forward();  // DDP's bucket rebuild, when due, is collective
-    if (buffer_sync_ && it.train_buffers) buffer_sync_->broadcast(comm, it.first_active);
-    if (it.sync_backward) {
-      reducer_->shadow_backward();
-      after_synced_backward();
-    }
+    reducer_->set_averaging_ranks(join_->options.divide_by_initial_world_size() ? 0 : it.active);
+    shadow_iteration(it.kind, it.train_buffers, it.first_active);
   }
   // Ranks that stopped early kept older parameters: every rank takes those
-  // of the rank that ran the most forwards (the highest such rank).
+  // of the rank that ran the most forwards (the highest such rank). (With
+  // sharding each rank stepped its own shard throughout; frozen parameters
+  // never left the values DDP gave every rank at the start.)
   const auto long_options = at::TensorOptions().dtype(at::kLong).device(comm.device());
   at::Tensor most = at::full({1}, join_->forwards, long_options);
   comm.all_reduce(most, ReduceOp::kMax)->wait();
@@ -133,12 +159,69 @@ void DataParallelCore::shadow_until_all_joined(const std::function<void()>& afte
   at::Tensor root = at::full({1}, longest ? comm.rank() : -1, long_options);
   comm.all_reduce(root, ReduceOp::kMax)->wait();
   const int source = static_cast<int>(root.cpu().item<std::int64_t>());
-  // (Frozen parameters never left the values DDP gave every rank at the start.)
-  std::vector<at::Tensor> state = trained_;
+  std::vector<at::Tensor> state = sharded_ ? std::vector<at::Tensor>{} : trained_;
   for (const at::Tensor& buffer : module_->buffers()) state.push_back(buffer);
-  broadcast_coalesced(comm, state, source);
-  if (optimizer != nullptr) broadcast_optimizer_state(*optimizer, source);
+  if (!state.empty()) broadcast_coalesced(comm, state, source);
+  torch::optim::Optimizer* optimizer = join_->options.optimizer();
+  if (!sharded_ && optimizer != nullptr) broadcast_optimizer_state(*optimizer, source);
   leave_join();
+}
+
+void DataParallelCore::shadow_iteration(int kind, bool train_buffers, int buffer_root) {
+  Communicator& comm = process_group_->communicator();
+  reducer_->prepare_for_forward();  // DDP's bucket rebuild, when due, is collective
+  if (sharded_) {
+    sharded_->gather(/*defer_units=*/units_ && units_->checked());
+    for (std::size_t bucket = 0; bucket < sharded_->bucket_count(); ++bucket) sharded_->settle(bucket);
+  }
+  if (buffer_sync_ && train_buffers) buffer_sync_->broadcast(comm, buffer_root);
+  const bool sync = kind == kSynchronisedForward;
+  if (options_.sharding() == Sharding::kFull) {
+    // Unit gathers and reductions come in the order autograd's hooks issued
+    // them: repeat this rank's own last forward (and backward) of the kind.
+    const std::optional<std::vector<ShardedCollective>>& collectives = join_->collectives[kind];
+    if (!collectives) {
+      throw UsageError(fmt::format(
+          "ddp::Join with Sharding::kFull: rank {} ran out of batches before it ran a {} forward, which the "
+          "other ranks run now; a rank out of batches repeats the unit gathers of its own last forward of each "
+          "kind, so give every rank at least one batch of each kind of forward before it calls done()",
+          comm.rank(), name_of(kind)));
+    }
+    if (sync) reducer_->begin_shadow_backward();
+    for (const ShardedCollective& collective : *collectives) {
+      if (collective.kind == ShardedCollective::kReduce) {
+        reducer_->shadow_bucket(collective.bucket);
+        continue;
+      }
+      sharded_->finish_gather(collective.bucket);
+      sharded_->release(collective.bucket);
+    }
+    if (sync) reducer_->finalize_backward();
+  } else if (sync) {
+    reducer_->shadow_backward();
+  }
+  if (sync) shadow_step();
+}
+
+void DataParallelCore::shadow_step() {
+  const JoinOptions& options = join_->options;
+  GradScaler* scaler = options.grad_scaler();
+  if (!sharded_) {  // the parameters come from the longest rank at the end
+    if (scaler != nullptr) scaler->shadow_step();
+    return;
+  }
+  if (options.shadow_step()) {
+    options.shadow_step()();
+    return;
+  }
+  torch::optim::Optimizer& optimizer = *options.optimizer();
+  if (scaler != nullptr) {
+    scaler->step(optimizer);
+    scaler->update();
+  } else {
+    optimizer.step();
+  }
+  optimizer.zero_grad();
 }
 
 }  // namespace ddp::detail

@@ -238,18 +238,25 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
 }
 
 void Reducer::shadow_backward() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    armed_ = true;
-    start_backward();
-    c10::NoGradGuard no_grad;
-    for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
-    // Every parameter unused: each bucket is zeros, and the buckets launch
-    // in order through the comm hook, as in a backward.
-    unused_marked_ = true;
-    for (std::size_t index = 0; index < parameters_.size(); ++index) mark_ready(index, /*used=*/false);
-  }
+  begin_shadow_backward();
+  for (std::size_t bucket = 0; bucket < buckets_.size(); ++bucket) shadow_bucket(bucket);
   finalize_backward();
+}
+
+void Reducer::begin_shadow_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  armed_ = true;
+  start_backward();
+  c10::NoGradGuard no_grad;
+  for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+  unused_marked_ = true;
+}
+
+void Reducer::shadow_bucket(std::size_t bucket) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Every parameter unused: the bucket is zeros, and it launches through the
+  // comm hook, in bucket order, as in a backward.
+  for (std::size_t index : buckets_[bucket].parameters) mark_ready(index, /*used=*/false);
 }
 
 void Reducer::set_averaging_ranks(int ranks) {
@@ -400,6 +407,7 @@ void Reducer::launch_ready_buckets() {
                                        : nullptr;
     bucket.finish = config_.comm_hook(bucket.observer ? *bucket.observer : comm_,
                                       GradBucket{next_bucket_, bucket.buffer, bucket.shard});
+    if (config_.sharded) config_.sharded->note_reduction(next_bucket_);
     if (frees_buckets()) {
       // The reduction holds the memory until it ends (the communicator
       // protects its tensors); the full gradients are not needed any more.
@@ -441,10 +449,11 @@ void Reducer::finalize_backward() {
     bucket.observer.reset();
   }
   const int averaging_ranks = averaging_ranks_ > 0 ? averaging_ranks_ : comm_.world_size();
-  if (config_.reduce && !config_.sharded && averaging_ranks != comm_.world_size()) {
+  if (config_.reduce && averaging_ranks != comm_.world_size()) {
     // The hook averaged over every rank; ranks out of batches gave zeros.
     c10::NoGradGuard no_grad;
-    for (auto& bucket : buckets_) bucket.buffer.mul_(static_cast<double>(comm_.world_size()) / averaging_ranks);
+    const double rescale = static_cast<double>(comm_.world_size()) / averaging_ranks;
+    for (auto& bucket : buckets_) (config_.sharded ? bucket.shard : bucket.buffer).mul_(rescale);
   }
   if (config_.sharded) {
     std::vector<std::uint8_t> used;

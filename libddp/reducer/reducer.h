@@ -86,6 +86,14 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   /// bucket is reduced as zeros, through the comm hook, and so are the
   /// used-parameter flags and sparse gradients. Its own gradients are dropped.
   void shadow_backward();
+  /// shadow_backward() a bucket at a time, for a rank that repeats the
+  /// reductions in the order of its own last backward, between gathers
+  /// (Sharding::kFull): begin, then each bucket in order, then finalize.
+  void begin_shadow_backward();
+  void shadow_bucket(std::size_t bucket);
+  /// After backward: orders the caller's stream after every reduction and
+  /// gives the parameters (or their shards) the averaged gradients.
+  void finalize_backward();
   /// How many ranks the reduced gradients average over: the comm hook's
   /// average over all ranks is rescaled to these (ddp::Join without
   /// divide_by_initial_world_size). Default: every rank.
@@ -139,7 +147,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(std::size_t index, bool used);
   void gather_into_bucket(Bucket& bucket);
   void launch_ready_buckets();
-  void finalize_backward();
   /// Resets the per-backward state, for a backward or its shadow.
   void start_backward();
   /// Per parameter, whether any rank used it in this backward (a host sync;

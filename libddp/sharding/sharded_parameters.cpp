@@ -186,6 +186,7 @@ void ShardedParameters::start_gather(std::size_t index) {
   const bool cast = bucket.master.scalar_type() != bucket.buffer.scalar_type();
   bucket.gathering =
       comm_.all_gather(bucket.buffer, cast ? bucket.master.to(bucket.buffer.scalar_type()) : bucket.master);
+  if (log_ != nullptr) log_->push_back({ShardedCollective::kGather, index});
 }
 
 void ShardedParameters::finish_gather(std::size_t index) {

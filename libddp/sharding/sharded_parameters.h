@@ -16,6 +16,13 @@
 
 namespace ddp::detail {
 
+/// A collective of a sharded bucket, as a rank issued it: the all-gather of
+/// a transient bucket, or the reduce-scatter of a bucket's gradients.
+struct ShardedCollective {
+  enum Kind { kGather, kReduce } kind;
+  std::size_t bucket;
+};
+
 /// The parameters of the sharded modes. Each bucket's parameters become views
 /// of one flat, padded buffer, so that an all-gather fills them all at once.
 /// This rank's optimizer steps only its shard of each buffer, through one
@@ -129,6 +136,14 @@ class ShardedParameters {
   /// lies in this rank's fragment of it, as a flat tensor on its device.
   at::Tensor part_of(std::size_t index, const at::Tensor& values) const;
 
+  /// Appends each transient gather and each reduction noted from here on to
+  /// `log` (null: stops). A rank out of batches under a ddp::Join repeats them.
+  void record_collectives(std::vector<ShardedCollective>* log) { log_ = log; }
+  /// The reducer launched the reduction of `bucket`.
+  void note_reduction(std::size_t bucket) {
+    if (log_ != nullptr) log_->push_back({ShardedCollective::kReduce, bucket});
+  }
+
   /// Parameter memory between iterations: resident buffers and transient shards.
   std::int64_t buffer_bytes() const;
   /// The most transient buffer memory held at once since restart_peak().
@@ -177,6 +192,7 @@ class ShardedParameters {
   bool gather_pending_ = false;
   std::int64_t gathered_bytes_ = 0;       // transient buffers with memory now
   std::int64_t peak_gathered_bytes_ = 0;
+  std::vector<ShardedCollective>* log_ = nullptr;
 };
 
 }  // namespace ddp::detail

@@ -58,13 +58,56 @@ TEST(JoinGloo, ARankThatExitsWithoutJoiningIsNamed) {
   EXPECT_EQ(outcomes[1].exit_code, 0) << outcomes[1].error;
 }
 
-TEST(JoinGloo, ShardingModesAreRefusedByName) {
+// ZeRO-1 and ZeRO-2: a joined rank still owns a shard of the parameters; it
+// meets the gathers and reduce-scatters and steps its shard.
+JoinScenario sharded_scenario(ddp::Sharding sharding) {
+  JoinScenario s{{4, 2, 3}};
+  s.sharding = sharding;
+  s.micro_batches = 2;
+  s.side_branch = true;
+  s.grad_scaler = true;
+  s.steps_after_join = 1;
+  return s;
+}
+
+TEST(JoinGloo, OptimizerShardingMatchesOneProcess) {
+  expect_join_matches_one_process(sharded_scenario(ddp::Sharding::kOptimizer));
+}
+
+TEST(JoinGloo, GradientShardingAveragedOverTheActiveRanksMatchesOneProcess) {
+  JoinScenario s = sharded_scenario(ddp::Sharding::kGradients);
+  s.divide_by_initial_world_size = false;
+  expect_join_matches_one_process(s);
+}
+
+// kFull: the joined rank repeats the unit gathers and reductions of its own
+// last forward of each kind (training and evaluation here).
+TEST(JoinGloo, FullShardingMatchesOneProcess) {
+  JoinScenario s{{2, 5, 3}};
+  s.sharding = ddp::Sharding::kFull;
+  s.batch_norm = true;
+  s.evaluate_each_step = true;
+  s.divide_by_initial_world_size = false;
+  s.steps_after_join = 1;
+  expect_join_matches_one_process(s);
+}
+
+TEST(JoinGloo, ShardingWithoutTheOptimizerOrWithUnusedUnitsIsRefused) {
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_gloo();
     torch::nn::Linear net(4, 4);
     ddp::DistributedDataParallel<torch::nn::Linear> model(
         net, pg, ddp::DistributedDataParallelOptions().sharding(ddp::Sharding::kGradients));
-    require_usage_error([&] { ddp::Join join(model); }, "ddp::Join supports plain DDP (Sharding::kNone) for now");
+    require_usage_error([&] { ddp::Join join(model); }, "needs the optimizer, JoinOptions().optimizer(&optimizer)");
+    torch::nn::Sequential full_net(torch::nn::Linear(4, 4));
+    ddp::DistributedDataParallel<torch::nn::Sequential> full(full_net, pg,
+                                                             ddp::DistributedDataParallelOptions()
+                                                                 .sharding(ddp::Sharding::kFull)
+                                                                 .shard_units({"0"})
+                                                                 .find_unused_parameters(true));
+    torch::optim::SGD optimizer(full.parameters(), torch::optim::SGDOptions(0.1));
+    require_usage_error([&] { ddp::Join join(full, ddp::JoinOptions().optimizer(&optimizer)); },
+                        "cannot join Sharding::kFull with find_unused_parameters");
   }));
 }
 

@@ -21,10 +21,11 @@ struct NetImpl : torch::nn::Module {
         side(register_module("side", torch::nn::Linear(16, 4))) {
     if (batch_norm) norm = register_module("norm", torch::nn::BatchNorm1d(16));
   }
+  // Sharding::kFull gathers first and second inside in_unit; elsewhere in_unit just runs them.
   torch::Tensor forward(const torch::Tensor& x, bool use_side) {
-    torch::Tensor h = torch::tanh(first(x));
+    torch::Tensor h = torch::tanh(in_unit(*first, [&] { return first(x); }));
     if (norm) h = norm(h);
-    torch::Tensor out = second(h);
+    torch::Tensor out = in_unit(*second, [&] { return second(h); });
     return use_side ? out + side(h) : out;
   }
   torch::nn::Linear first, second, side;
@@ -97,10 +98,16 @@ void require_same_on_every_rank(Communicator& comm, const torch::Tensor& value, 
 void check_join_matches_one_process(const std::shared_ptr<ProcessGroup>& pg, const JoinScenario& s) {
   const int rank = pg->rank();
   Net net = make_net(s, pg->device());
-  DistributedDataParallel<Net> model(net, pg, DistributedDataParallelOptions().find_unused_parameters(s.side_branch));
-  torch::optim::SGD optimizer(net->parameters(), sgd_options());
+  auto options = DistributedDataParallelOptions().find_unused_parameters(s.side_branch).sharding(s.sharding);
+  if (s.sharding != Sharding::kNone) options.shard_units({"first", "second"});
+  DistributedDataParallel<Net> model(net, pg, options);
+  torch::optim::SGD optimizer(model.parameters(), sgd_options());
   GradScaler scaler(GradScalerOptions().enabled(s.grad_scaler).init_scale(1024), pg);
   const auto train_step = [&](int step) {
+    if (s.evaluate_each_step) {
+      torch::NoGradGuard no_grad;
+      model(batch_of(rank, step, 0, false, pg->device()).x, uses_side(s, rank, step));
+    }
     optimizer.zero_grad();
     for (int micro = 0; micro < s.micro_batches; ++micro) {
       std::optional<DistributedDataParallel<Net>::NoSyncGuard> no_sync;
@@ -116,22 +123,24 @@ void check_join_matches_one_process(const std::shared_ptr<ProcessGroup>& pg, con
     Join join(model, JoinOptions()
                          .divide_by_initial_world_size(s.divide_by_initial_world_size)
                          .grad_scaler(&scaler)
-                         .optimizer(s.steps_after_join > 0 ? &optimizer : nullptr));
+                         .optimizer(s.steps_after_join > 0 || s.sharding != Sharding::kNone ? &optimizer : nullptr));
     for (int step = 0; step < s.batches[static_cast<std::size_t>(rank)]; ++step) train_step(step);
     join.done();
   }
+  // Buffers are the longest rank's (each forward after this trains them on its own batch).
+  auto& comm = pg->communicator();
+  for (const auto& item : net->named_buffers()) require_same_on_every_rank(comm, item.value(), item.key());
   // Then steps every rank trains, numbered after the longest rank's.
   const int uneven = *std::max_element(s.batches.begin(), s.batches.end());
   for (int step = uneven; step < uneven + s.steps_after_join; ++step) train_step(step);
 
   const Net reference = train_one_process(s, pg->device());
   const auto expected = reference->named_parameters();
+  model.gather_parameters();
   for (const auto& item : net->named_parameters()) {
     require(torch::allclose(item.value(), expected[item.key()], 1e-5, 1e-6),
             "rank " + std::to_string(rank) + ": " + item.key() + " differs from one process's");
   }
-  auto& comm = pg->communicator();
-  for (const auto& item : net->named_buffers()) require_same_on_every_rank(comm, item.value(), item.key());
   require_same_on_every_rank(comm, torch::tensor({scaler.get_scale()}), "the GradScaler's scale");
   if (s.grad_scaler) require(scaler.get_scale() == 512, "the inf step did not back the scale off on every rank");
 }

@@ -21,6 +21,12 @@ struct JoinScenario {
   /// Steps every rank trains after done(), with JoinOptions::optimizer given
   /// (momentum SGD: a stale momentum buffer would drift apart).
   int steps_after_join = 0;
+  /// With a sharding mode the layers "first" and "second" are shard units,
+  /// and the joined ranks step their shards through JoinOptions::optimizer.
+  Sharding sharding = Sharding::kNone;
+  /// Every rank evaluates (no gradients) before each training step: under
+  /// kFull, gathers a joined rank must repeat between those of training.
+  bool evaluate_each_step = false;
 };
 
 /// Trains the scenario under ddp::Join on `pg` (a rank per entry of
