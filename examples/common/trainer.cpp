@@ -40,7 +40,7 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
       .add("uneven", "drop",
            "an epoch's windows or images left over after the last step every rank takes: drop them, or join: deal "
            "them out as one more step to as many ranks as they fill, the others meeting its collectives "
-           "(ddp::Join; plain DDP, eager steps)")
+           "(ddp::Join, eager steps)")
       .add_switch("cuda-graph",
                   "record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after at "
                   "least 3 eager steps and replay it: one launch per step (GPU only)");
@@ -161,6 +161,15 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     progress.event("eval", fmt::format("\"step\": {}, {}", at_step, json));
   };
 
+  // After the last micro-batch's backward: clipping, then the step.
+  const auto apply_gradients = [&] {
+    if (options_.clip_grad_norm > 0) {
+      scaler_.unscale_(optimizer_);
+      callbacks.clip_grad_norm(options_.clip_grad_norm);
+    }
+    scaler_.step(optimizer_);
+    scaler_.update();
+  };
   // One optimizer step over the micro-batches' tensors, laid end to end.
   const auto train_step = [&](const std::vector<at::Tensor>& inputs) {
     if (options_.cuda_graph) {
@@ -175,12 +184,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
       loss = callbacks.micro_step({first, first + per_micro_batch}, /*sync=*/micro + 1 == options_.grad_accum, scaler_,
                                   loss_weight);
     }
-    if (options_.clip_grad_norm > 0) {
-      scaler_.unscale_(optimizer_);
-      callbacks.clip_grad_norm(options_.clip_grad_norm);
-    }
-    scaler_.step(optimizer_);
-    scaler_.update();
+    apply_gradients();
     return loss;
   };
   std::optional<ddp::CapturedStep> captured;
@@ -203,7 +207,9 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     if (callbacks.uneven_step_next && callbacks.uneven_step_next()) {
       // An epoch's uneven tail: the ranks that have its batches step; the
       // others meet their collectives and then take their model and state.
-      std::unique_ptr<ddp::Join> join = callbacks.join(optimizer_, scaler_);
+      // (With sharding a rank without batches still steps its shard, as the others step theirs.)
+      std::unique_ptr<ddp::Join> join =
+          callbacks.join(ddp::JoinOptions().grad_scaler(&scaler_).optimizer(&optimizer_).shadow_step(apply_gradients));
       if (callbacks.has_step_here()) {
         loss = train_step(draw_step());
       } else {

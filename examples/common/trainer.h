@@ -87,9 +87,9 @@ struct TrainingCallbacks {
   std::function<bool()> uneven_step_next;
   std::function<bool()> has_step_here;
   std::function<void()> skip_step;
-  /// Puts the model under a ddp::Join for such a step (the scaler and the
-  /// optimizer are kept in step on the ranks without batches).
-  std::function<std::unique_ptr<ddp::Join>(torch::optim::Optimizer&, ddp::GradScaler&)> join;
+  /// Puts the model under a ddp::Join with these options for such a step
+  /// (they keep the scaler and the optimizer in step on the ranks without batches).
+  std::function<std::unique_ptr<ddp::Join>(const ddp::JoinOptions&)> join;
 };
 
 class Trainer {

@@ -118,9 +118,6 @@ int main(int argc, char** argv) try {
     flags.fail(e.what());
   }
   auto options = examples::trainer_options(flags);
-  if (options.uneven_join && sharding != ddp::Sharding::kNone) {
-    flags.fail("--uneven join trains under ddp::Join, which supports --sharding none only; use --uneven drop");
-  }
   if (options.uneven_join && policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed) {
     flags.fail(
         "--uneven join: FP8 delayed scaling all-reduces its amaxes outside DDP, which ddp::Join does not "
@@ -212,8 +209,8 @@ int main(int argc, char** argv) try {
     callbacks.uneven_step_next = [&] { return train_data->uneven_step_next(); };
     callbacks.has_step_here = [&] { return train_data->has_step_here(); };
     callbacks.skip_step = [&] { train_data->skip_step(); };
-    callbacks.join = [&](torch::optim::Optimizer& optimizer, ddp::GradScaler& scaler) {
-      return std::make_unique<ddp::Join>(ddp_model, ddp::JoinOptions().grad_scaler(&scaler).optimizer(&optimizer));
+    callbacks.join = [&](const ddp::JoinOptions& join_options) {
+      return std::make_unique<ddp::Join>(ddp_model, join_options);
     };
   }
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };

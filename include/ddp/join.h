@@ -80,9 +80,9 @@ struct DDP_API JoinOptions {
 /// steps it (JoinOptions::optimizer, shadow_step). Sharding::kFull's unit
 /// gathers and reductions come in an order autograd decides: the rank
 /// repeats those of its own last forward of the same kind, so every forward
-/// of a kind must run the same units, each rank must have run at least one
-/// of each kind the others run after it joined, and find_unused_parameters
-/// is refused there.
+/// of a kind must run the same units, each rank must have run one of each
+/// kind the others run after it joined (recorded at every forward), and
+/// find_unused_parameters is refused there.
 class DDP_API Join {
  public:
   /// Puts `model` in join mode until done() or destruction. UsageError for

@@ -228,6 +228,10 @@ DataParallelCore::~DataParallelCore() = default;
 void DataParallelCore::before_forward() {
   const int buffer_root = join_ ? agree_on_active_forward() : 0;
   reducer_->prepare_for_forward();
+  // What the forward and its backward gather and reduce, for a ddp::Join to repeat.
+  if (options_.sharding() == Sharding::kFull) {
+    sharded_->begin_recording(join_forward_kind(at::GradMode::is_enabled(), reducer_->sync()));
+  }
   // Once in_unit is known to be called for every unit, each unit waits for its own gather.
   if (sharded_) sharded_->gather(/*defer_units=*/units_ && units_->checked());
   if (units_) units_->before_forward();
@@ -304,7 +308,9 @@ std::vector<at::Tensor> DataParallelCore::local_parameters(const std::vector<at:
 }
 
 void DataParallelCore::gather_parameters() {
-  if (sharded_) sharded_->gather();
+  if (!sharded_) return;
+  sharded_->stop_recording();  // not part of an iteration
+  sharded_->gather();
   if (units_) units_->gather_all();
 }
 

@@ -1,7 +1,6 @@
 #include <ddp/join.h>
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -15,6 +14,7 @@
 #include "reducer/join_state.h"
 #include "reducer/model_agreement.h"
 #include "reducer/reducer.h"
+#include "sharding/sharded_parameters.h"
 #include "sharding/unit_schedule.h"
 
 namespace ddp {
@@ -46,11 +46,6 @@ struct Iteration {
   int kind = kEvaluationForward;
   bool train_buffers = false;
 };
-
-int kind_of(bool grad, bool sync) {
-  if (!grad) return kEvaluationForward;
-  return sync ? kSynchronisedForward : kNoSyncForward;
-}
 
 const char* name_of(int kind) {
   switch (kind) {
@@ -91,7 +86,7 @@ Iteration agree_on_iteration(Communicator& comm, bool active, bool grad, bool sy
         "training (with one backward), under no_sync(), or evaluation under torch::NoGradGuard",
         it.active, sums[world], sums[world + 1], sums[world + 2]));
   }
-  it.kind = kind_of(sums[world] != 0, sums[world + 1] != 0);
+  it.kind = join_forward_kind(sums[world] != 0, sums[world + 1] != 0);
   it.train_buffers = sums[world + 2] != 0;
   return it;
 }
@@ -115,11 +110,9 @@ void DataParallelCore::enter_join(const JoinOptions& options) {
   }
   join_ = std::make_unique<JoinState>();
   join_->options = options;
-  if (sharding == Sharding::kFull) sharded_->record_collectives(&join_->recording);
 }
 
 void DataParallelCore::leave_join() {
-  if (sharded_) sharded_->record_collectives(nullptr);
   join_.reset();
   reducer_->set_averaging_ranks(0);
 }
@@ -130,17 +123,12 @@ int DataParallelCore::agree_on_active_forward() {
                                           buffer_sync_ != nullptr && module_->is_training());
   ++join_->forwards;
   reducer_->set_averaging_ranks(join_->options.divide_by_initial_world_size() ? 0 : it.active);
-  // What this forward and its backward gather and reduce, for done() to repeat.
-  if (join_->recording_kind >= 0) join_->collectives[join_->recording_kind] = std::move(join_->recording);
-  join_->recording.clear();
-  join_->recording_kind = it.kind;
   return it.first_active;
 }
 
 void DataParallelCore::shadow_until_all_joined() {
   if (!join_) throw UsageError("ddp::Join::done(): the model is not in join mode");
-  if (join_->recording_kind >= 0) join_->collectives[join_->recording_kind] = std::move(join_->recording);
-  if (sharded_) sharded_->record_collectives(nullptr);
+  if (sharded_) sharded_->stop_recording();  // what it repeats is its own last forward's
   Communicator& comm = process_group_->communicator();
   for (;;) {
     const Iteration it = agree_on_iteration(comm, false, false, false, false);
@@ -179,12 +167,12 @@ void DataParallelCore::shadow_iteration(int kind, bool train_buffers, int buffer
   if (options_.sharding() == Sharding::kFull) {
     // Unit gathers and reductions come in the order autograd's hooks issued
     // them: repeat this rank's own last forward (and backward) of the kind.
-    const std::optional<std::vector<ShardedCollective>>& collectives = join_->collectives[kind];
-    if (!collectives) {
+    const std::vector<ShardedCollective>* collectives = sharded_->recorded(kind);
+    if (collectives == nullptr) {
       throw UsageError(fmt::format(
           "ddp::Join with Sharding::kFull: rank {} ran out of batches before it ran a {} forward, which the "
           "other ranks run now; a rank out of batches repeats the unit gathers of its own last forward of each "
-          "kind, so give every rank at least one batch of each kind of forward before it calls done()",
+          "kind, so every rank must run one of each kind of forward before it calls done()",
           comm.rank(), name_of(kind)));
     }
     if (sync) reducer_->begin_shadow_backward();

@@ -186,7 +186,17 @@ void ShardedParameters::start_gather(std::size_t index) {
   const bool cast = bucket.master.scalar_type() != bucket.buffer.scalar_type();
   bucket.gathering =
       comm_.all_gather(bucket.buffer, cast ? bucket.master.to(bucket.buffer.scalar_type()) : bucket.master);
-  if (log_ != nullptr) log_->push_back({ShardedCollective::kGather, index});
+  if (recording_ != nullptr) recording_->push_back({ShardedCollective::kGather, index});
+}
+
+void ShardedParameters::begin_recording(int kind) {
+  recording_ = &recorded_[kind];
+  recording_->clear();
+}
+
+const std::vector<ShardedCollective>* ShardedParameters::recorded(int kind) const {
+  auto it = recorded_.find(kind);
+  return it == recorded_.end() ? nullptr : &it->second;
 }
 
 void ShardedParameters::finish_gather(std::size_t index) {

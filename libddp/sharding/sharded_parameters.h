@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -136,12 +137,17 @@ class ShardedParameters {
   /// lies in this rank's fragment of it, as a flat tensor on its device.
   at::Tensor part_of(std::size_t index, const at::Tensor& values) const;
 
-  /// Appends each transient gather and each reduction noted from here on to
-  /// `log` (null: stops). A rank out of batches under a ddp::Join repeats them.
-  void record_collectives(std::vector<ShardedCollective>* log) { log_ = log; }
+  /// Sharding::kFull: a forward of kind `kind` (the caller's numbering)
+  /// begins; the transient gathers and reductions from here until the next
+  /// forward or stop_recording() are kept as that kind's, for a rank out of
+  /// batches under a ddp::Join to repeat.
+  void begin_recording(int kind);
+  void stop_recording() { recording_ = nullptr; }
+  /// The collectives of the last forward of `kind` (and its backward); null if none ran.
+  const std::vector<ShardedCollective>* recorded(int kind) const;
   /// The reducer launched the reduction of `bucket`.
   void note_reduction(std::size_t bucket) {
-    if (log_ != nullptr) log_->push_back({ShardedCollective::kReduce, bucket});
+    if (recording_ != nullptr) recording_->push_back({ShardedCollective::kReduce, bucket});
   }
 
   /// Parameter memory between iterations: resident buffers and transient shards.
@@ -192,7 +198,8 @@ class ShardedParameters {
   bool gather_pending_ = false;
   std::int64_t gathered_bytes_ = 0;       // transient buffers with memory now
   std::int64_t peak_gathered_bytes_ = 0;
-  std::vector<ShardedCollective>* log_ = nullptr;
+  std::map<int, std::vector<ShardedCollective>> recorded_;  // by kind of forward
+  std::vector<ShardedCollective>* recording_ = nullptr;     // into recorded_, or null
 };
 
 }  // namespace ddp::detail
