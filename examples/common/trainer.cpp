@@ -200,6 +200,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     return inputs;
   };
   at::Tensor loss;
+  bool trained_here = true;  // whether this rank had the last step's batches
   while (step < options_.steps) {
     const double lr = warmup_cosine(step, options_.warmup_steps, options_.steps, options_.peak_lr, options_.min_lr);
     for (auto& group : optimizer_.param_groups()) group.options().set_lr(lr);
@@ -210,11 +211,11 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
       // (With sharding a rank without batches still steps its shard, as the others step theirs.)
       std::unique_ptr<ddp::Join> join =
           callbacks.join(ddp::JoinOptions().grad_scaler(&scaler_).optimizer(&optimizer_).shadow_step(apply_gradients));
-      if (callbacks.has_step_here()) {
+      trained_here = callbacks.has_step_here();
+      if (trained_here) {
         loss = train_step(draw_step());
       } else {
         callbacks.skip_step();
-        if (!loss.defined()) loss = at::zeros({}, at::TensorOptions().device(device));  // logged as this rank's
       }
       join->done();
       progress.note(
@@ -222,6 +223,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
                       "ddp::Join",
                       step + 1));
     } else {
+      trained_here = true;
       const std::vector<at::Tensor> inputs = draw_step();
       loss = captured ? (*captured)(inputs) : train_step(inputs);
     }
@@ -233,9 +235,13 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
 
     if (step % options_.log_every == 0 || step == options_.steps) {
       // Averaged over ranks, so that the log shows the job's loss, not rank 0's.
-      at::Tensor mean = loss.to(at::kFloat).reshape({1}).to(device);
-      process_group_->communicator().all_reduce(mean, ddp::ReduceOp::kAvg)->wait();
-      last_loss = mean.item<double>();  // synchronises: the window's time is the device's
+      // (Over the ranks that trained the step: an uneven tail's are some.)
+      const auto on_device = at::TensorOptions().dtype(at::kFloat).device(device);
+      at::Tensor sums = trained_here ? at::stack({loss.to(on_device).reshape({}), at::ones({}, on_device)})
+                                     : at::zeros({2}, on_device);
+      process_group_->communicator().all_reduce(sums)->wait();
+      sums = sums.cpu();  // synchronises: the window's time is the device's
+      last_loss = sums[0].item<double>() / sums[1].item<double>();
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
       StepMetrics metrics;

@@ -44,6 +44,7 @@ void check_options(const ImageLoaderOptions& options) {
     throw std::invalid_argument("image loader: workers and prefetch must be >= 1");
   }
   if (options.crop_size < 0) throw std::invalid_argument("image loader: crop_size must be >= 0");
+  if (options.batches_per_step < 1) throw std::invalid_argument("image loader: batches_per_step must be >= 1");
 }
 
 std::int64_t linear(ImagePosition position, std::int64_t batches_per_epoch) {
@@ -251,10 +252,19 @@ ImageLoader::ImageLoader(std::shared_ptr<const ImageShardDataset> dataset, Image
   if (options_.train) {
     images_per_epoch_ = n / world;
     batches_per_epoch_ = images_per_epoch_ / batch;
+    if (options_.uneven_tail) {
+      const std::int64_t step_images = batch * options_.batches_per_step;  // one rank's step
+      const std::int64_t whole_steps = n / (world * step_images);
+      whole_batches_ = whole_steps * options_.batches_per_step;
+      tail_ranks_ = (n - whole_steps * world * step_images) / step_images;
+      batches_per_epoch_ = whole_batches_ + (tail_ranks_ > 0 ? options_.batches_per_step : 0);
+      images_per_epoch_ = batches_per_epoch_ * batch;
+    }
   } else {
     images_per_epoch_ = (n - options_.rank + world - 1) / world;
     batches_per_epoch_ = (images_per_epoch_ + batch - 1) / batch;
   }
+  if (!options_.train || !options_.uneven_tail) whole_batches_ = batches_per_epoch_;
   if (batches_per_epoch_ == 0) {
     throw DataError("image dataset of " + std::to_string(n) + " images is too small for " + std::to_string(world) +
                     " ranks x batches of " + std::to_string(batch));
@@ -323,7 +333,8 @@ ImageLoader::HostBatch ImageLoader::assemble(std::int64_t batch_number) {
   const auto [epoch, batch] = split(batch_number, batches_per_epoch_);
   const auto order = order_of(epoch);
   const std::int64_t first = batch * options_.batch_size;
-  const std::int64_t count = std::min(options_.batch_size, images_per_epoch_ - first);
+  const bool absent = batch >= whole_batches_ && options_.uneven_tail && options_.rank >= tail_ranks_;
+  const std::int64_t count = absent ? 0 : std::min(options_.batch_size, images_per_epoch_ - first);
   const std::int64_t height = dataset_->height();
   const std::int64_t width = dataset_->width();
   const std::int64_t row_bytes = crop_ * kChannels;
@@ -335,7 +346,7 @@ ImageLoader::HostBatch ImageLoader::assemble(std::int64_t batch_number) {
   out.indices = at::empty({count}, at::kLong);
   std::uint8_t* pixels = out.pixels.data_ptr<std::uint8_t>();
   for (std::int64_t i = 0; i < count; ++i) {
-    const std::int64_t index = (*order)[(first + i) * options_.world_size + options_.rank];
+    const std::int64_t index = (*order)[order_index(batch, i)];
     out.indices.data_ptr<std::int64_t>()[i] = index;
     out.labels.data_ptr<std::int64_t>()[i] = dataset_->label(index);
     std::int64_t top = (height - crop_) / 2;
@@ -364,7 +375,15 @@ ImageLoader::HostBatch ImageLoader::assemble(std::int64_t batch_number) {
   return out;
 }
 
-ImageBatch ImageLoader::next() {
+std::int64_t ImageLoader::order_index(std::int64_t batch, std::int64_t i) const {
+  const std::int64_t size = options_.batch_size;
+  if (batch < whole_batches_) return (batch * size + i) * options_.world_size + options_.rank;
+  // The uneven tail: after the whole steps' images, one step's worth per rank.
+  const std::int64_t tail_start = whole_batches_ * size * options_.world_size;
+  return tail_start + (options_.rank * options_.batches_per_step + batch - whole_batches_) * size + i;
+}
+
+ImageLoader::HostBatch ImageLoader::take() {
   HostBatch host;
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -375,6 +394,19 @@ ImageBatch ImageLoader::next() {
   }
   work_wanted_.notify_all();
   if (host.error) std::rethrow_exception(host.error);
+  return host;
+}
+
+bool ImageLoader::uneven_step_next() const {
+  return options_.train && options_.uneven_tail && position().batch >= whole_batches_;
+}
+
+void ImageLoader::skip_step() {
+  for (std::int64_t batch = 0; batch < options_.batches_per_step; ++batch) take();
+}
+
+ImageBatch ImageLoader::next() {
+  const HostBatch host = take();
   // Non-blocking from pinned memory: the copy is queued on the current stream
   // and the caching host allocator keeps the buffer until it has run.
   const at::Tensor pixels = host.pixels.to(options_.device, at::kByte, /*non_blocking=*/true);

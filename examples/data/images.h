@@ -107,6 +107,14 @@ struct ImageLoaderOptions {
   std::int64_t prefetch = 4;   // batches assembled ahead of the trainer
   at::Device device = at::kCPU;
   bool channels_last = true;  // memory format of the images
+  /// Training: batches each rank draws per optimizer step (gradient accumulation).
+  std::int64_t batches_per_step = 1;
+  /// Training: an epoch's images rarely fill whole steps of every rank:
+  /// false drops the leftover, true deals it out as one more step to as many
+  /// ranks as it fills (world_size * batches_per_step batches of batch_size
+  /// make a whole step; the others have no batch then: train that step under
+  /// ddp::Join). Less than one rank's step is still dropped.
+  bool uneven_tail = false;
 };
 
 /// Where a stream of batches stands: the next batch is `batch` of `epoch`.
@@ -130,6 +138,12 @@ class ImageSource {
   virtual std::int64_t batches_per_epoch() const = 0;
   virtual ImagePosition position() const = 0;
   virtual void seek(ImagePosition position) = 0;
+  /// Whether the next step is an epoch's uneven tail (the same on every
+  /// rank): only ranks with has_step_here() have its batches.
+  virtual bool uneven_step_next() const { return false; }
+  virtual bool has_step_here() const { return true; }
+  /// A rank without the tail step's batches moves past them, as the others draw them.
+  virtual void skip_step() {}
 };
 
 /// uint8 NHWC images -> float NCHW, (x / 255 - mean) / std with ImageNet's
@@ -146,7 +160,9 @@ class ImageNormalizer {
 };
 
 /// Batches from image shards. Each rank takes every world_size-th image of
-/// the epoch's order, starting at its rank, so ranks never share an image.
+/// the epoch's order, starting at its rank, so ranks never share an image;
+/// with uneven_tail the images left after the whole steps follow, one
+/// step's worth per rank, rank after rank.
 /// Worker threads crop and flip into (pinned, with a CUDA device) host memory
 /// up to `prefetch` batches ahead; next() copies a batch to the device without
 /// blocking and normalises it there, in the current stream, so the copy is
@@ -165,6 +181,9 @@ class ImageLoader : public ImageSource {
   ImagePosition position() const override;
   /// Drops what was prefetched and continues at `position`.
   void seek(ImagePosition position) override;
+  bool uneven_step_next() const override;
+  bool has_step_here() const override { return !uneven_step_next() || options_.rank < tail_ranks_; }
+  void skip_step() override;
 
  private:
   struct HostBatch {
@@ -174,7 +193,11 @@ class ImageLoader : public ImageSource {
   void start_workers();
   void stop_workers();
   void work();
+  /// The next batch in host memory, waiting for the workers if needed.
+  HostBatch take();
   HostBatch assemble(std::int64_t batch_number);
+  /// Where image `i` of this rank's batch `batch` lies in the epoch's order.
+  std::int64_t order_index(std::int64_t batch, std::int64_t i) const;
   std::shared_ptr<const std::vector<std::int64_t>> order_of(std::int64_t epoch);
 
   std::shared_ptr<const ImageShardDataset> dataset_;
@@ -182,6 +205,8 @@ class ImageLoader : public ImageSource {
   std::int64_t crop_ = 0;
   std::int64_t images_per_epoch_ = 0;  // this rank's
   std::int64_t batches_per_epoch_ = 0;
+  std::int64_t whole_batches_ = 0;  // training: per epoch and rank, in the steps every rank takes
+  std::int64_t tail_ranks_ = 0;     // uneven_tail: ranks with one more step at the epoch's end
   bool pin_ = false;
   ImageNormalizer normalize_;
 

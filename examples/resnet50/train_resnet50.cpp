@@ -85,6 +85,7 @@ int main(int argc, char** argv) try {
   if (batch < 1 || image_size < 32) flags.fail("--batch must be >= 1 and --image-size >= 32");
   at::globalContext().setBenchmarkCuDNN(true);
 
+  auto options = examples::trainer_options(flags);
   // Data first: a real dataset fixes the number of classes.
   data::ImageLoaderOptions loader;
   loader.batch_size = batch;
@@ -94,6 +95,7 @@ int main(int argc, char** argv) try {
   loader.crop_size = image_size;
   loader.workers = flags.integer("workers");
   loader.device = device;
+  loader.batches_per_step = options.grad_accum;
   std::unique_ptr<data::ImageSource> train_data, val_data;
   std::int64_t classes = flags.integer("classes");
   if (flags.str("data") == "synthetic") {
@@ -106,7 +108,9 @@ int main(int argc, char** argv) try {
     auto train_set = std::make_shared<const data::ImageShardDataset>(flags.str("data"), "train");
     auto val_set = std::make_shared<const data::ImageShardDataset>(flags.str("data"), "val");
     classes = static_cast<std::int64_t>(train_set->class_names().size());
-    train_data = std::make_unique<data::ImageLoader>(train_set, loader);
+    auto train = loader;
+    train.uneven_tail = options.uneven_join;
+    train_data = std::make_unique<data::ImageLoader>(train_set, train);
     auto val = loader;
     val.train = false;
     val_data = std::make_unique<data::ImageLoader>(val_set, val);
@@ -121,10 +125,6 @@ int main(int argc, char** argv) try {
   const auto optimizer =
       resnet::make_sgd(ddp_model, flags.real("lr"), flags.real("momentum"), flags.real("weight-decay"));
 
-  auto options = examples::trainer_options(flags);
-  if (options.uneven_join) {
-    flags.fail("--uneven join: the image loader does not deal out an epoch's leftover images yet; use --uneven drop");
-  }
   options.unit = "img/s";
   options.items_per_micro_batch = static_cast<double>(batch);
   options.fingerprint = fmt::format("resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={}",
@@ -159,6 +159,14 @@ int main(int argc, char** argv) try {
   };
   callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
   callbacks.model_checkpointing = examples::model_checkpointing(ddp_model, *optimizer);
+  if (options.uneven_join) {
+    callbacks.uneven_step_next = [&] { return train_data->uneven_step_next(); };
+    callbacks.has_step_here = [&] { return train_data->has_step_here(); };
+    callbacks.skip_step = [&] { train_data->skip_step(); };
+    callbacks.join = [&](const ddp::JoinOptions& join_options) {
+      return std::make_unique<ddp::Join>(ddp_model, join_options);
+    };
+  }
   callbacks.data_position = [&] {
     const auto position = train_data->position();
     return std::vector<std::int64_t>{position.epoch, position.batch};

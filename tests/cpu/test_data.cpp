@@ -452,6 +452,39 @@ TEST_F(DataTest, LoaderValidationTakesEveryImageOnceWithUnevenRanks) {
   expect_epoch_covers(std::make_shared<const data::ImageShardDataset>(dir_.string(), "val"), /*train=*/false);
 }
 
+// 31 images, 2 ranks, steps of 2 batches of 3: two whole steps (24 images),
+// then 7 left: one more step of 6 for rank 0 alone; one image dropped.
+TEST_F(DataTest, LoaderDealsAnEpochsLeftoverAsOneMoreStepToSomeRanks) {
+  write_constant_images(dir_.string(), "train", 31, 4, 4, 8);
+  const auto dataset = std::make_shared<const data::ImageShardDataset>(dir_.string(), "train");
+  std::multiset<std::int64_t> seen;
+  for (std::int64_t rank = 0; rank < 2; ++rank) {
+    data::ImageLoaderOptions options = loader_options(rank, 2, true);
+    options.batches_per_step = 2;
+    options.uneven_tail = true;
+    data::ImageLoader loader(dataset, options);
+    ASSERT_EQ(loader.batches_per_epoch(), 6);
+    for (std::int64_t step = 0; step < 3; ++step) {
+      EXPECT_EQ(loader.uneven_step_next(), step == 2) << "step " << step;
+      EXPECT_EQ(loader.has_step_here(), step < 2 || rank == 0) << "rank " << rank << " step " << step;
+      if (!loader.has_step_here()) {
+        loader.skip_step();
+        continue;
+      }
+      for (std::int64_t batch = 0; batch < 2; ++batch) {
+        const data::ImageBatch drawn = loader.next();
+        ASSERT_EQ(drawn.indices.size(0), 3);
+        for (std::int64_t index : to_vector(drawn.indices)) seen.insert(index);
+      }
+    }
+    EXPECT_EQ(loader.position().epoch, 1);
+    EXPECT_EQ(loader.position().batch, 0);
+    EXPECT_FALSE(loader.uneven_step_next());
+  }
+  EXPECT_EQ(seen.size(), 30u);
+  EXPECT_EQ(std::set<std::int64_t>(seen.begin(), seen.end()).size(), 30u);  // none twice
+}
+
 TEST_F(DataTest, LoaderShufflesEachEpochDifferently) {
   write_constant_images(dir_.string(), "train", 24, 2, 2, 24);
   data::ImageLoader loader(std::make_shared<const data::ImageShardDataset>(dir_.string(), "train"),
