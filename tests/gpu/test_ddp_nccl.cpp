@@ -152,6 +152,31 @@ TEST(DdpNccl, JoinAveragedOverTheActiveRanksThenTrainingOnMatchesOneProcess) {
   }));
 }
 
+// kFull over NCCL: the joined rank repeats its unit gathers (on the
+// communicator's stream, released as the current stream goes on) and reductions.
+TEST(DdpNccl, JoinWithFullShardingAndEvaluationForwardsMatchesOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    ddp::testing::JoinScenario s{{2, 5}};
+    s.sharding = ddp::Sharding::kFull;
+    s.batch_norm = true;
+    s.evaluate_each_step = true;
+    s.grad_scaler = true;
+    s.steps_after_join = 1;
+    ddp::testing::check_join_matches_one_process(init_nccl(), s);
+  }));
+}
+
+TEST(DdpNccl, JoinWithGradientShardingMatchesOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    ddp::testing::JoinScenario s{{4, 1}};
+    s.sharding = ddp::Sharding::kGradients;
+    s.micro_batches = 2;
+    s.divide_by_initial_world_size = false;
+    s.steps_after_join = 1;
+    ddp::testing::check_join_matches_one_process(init_nccl(), s);
+  }));
+}
+
 TEST(DdpNccl, MisuseIsReported) {
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_nccl();
