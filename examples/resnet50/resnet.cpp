@@ -1,5 +1,7 @@
 #include "resnet.h"
 
+#include <ddp/sync_batch_norm.h>
+
 namespace resnet {
 namespace {
 
@@ -12,36 +14,49 @@ torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride) 
 
 }  // namespace
 
-BottleneckImpl::BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride) {
+torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::ProcessGroup>& sync_group) {
+  // Both start as the identity (weight 1, bias 0), as torchvision initialises BatchNorm.
+  if (sync_group) return torch::nn::AnyModule(ddp::SyncBatchNorm(torch::nn::BatchNormOptions(channels), sync_group));
+  return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
+}
+
+BottleneckImpl::BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride,
+                               const std::shared_ptr<ddp::ProcessGroup>& sync_group) {
   const int64_t out_channels = width * kExpansion;
   conv1 = register_module("conv1", conv(in_channels, width, 1, 1));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(width));
+  bn1 = batch_norm(width, sync_group);
+  register_module("bn1", bn1.ptr());
   conv2 = register_module("conv2", conv(width, width, 3, stride));
-  bn2 = register_module("bn2", torch::nn::BatchNorm2d(width));
+  bn2 = batch_norm(width, sync_group);
+  register_module("bn2", bn2.ptr());
   conv3 = register_module("conv3", conv(width, out_channels, 1, 1));
-  bn3 = register_module("bn3", torch::nn::BatchNorm2d(out_channels));
+  bn3 = batch_norm(out_channels, sync_group);
+  register_module("bn3", bn3.ptr());
   if (stride != 1 || in_channels != out_channels) {
-    downsample = register_module(
-        "downsample", torch::nn::Sequential(conv(in_channels, out_channels, 1, stride), torch::nn::BatchNorm2d(out_channels)));
+    torch::nn::Sequential shortcut(conv(in_channels, out_channels, 1, stride));
+    shortcut->push_back(batch_norm(out_channels, sync_group));
+    downsample = register_module("downsample", shortcut);
   }
 }
 
 torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
   torch::Tensor identity = downsample ? downsample->forward(x) : x;
-  torch::Tensor out = torch::relu(bn1(conv1(x)));
-  out = torch::relu(bn2(conv2(out)));
-  out = bn3(conv3(out));
+  torch::Tensor out = torch::relu(bn1.forward(conv1(x)));
+  out = torch::relu(bn2.forward(conv2(out)));
+  out = bn3.forward(conv3(out));
   return torch::relu(out + identity);
 }
 
-ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes) {
+ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
+                       const std::shared_ptr<ddp::ProcessGroup>& sync_group) {
   conv1 = register_module("conv1", conv(3, 64, 7, 2));
-  bn1 = register_module("bn1", torch::nn::BatchNorm2d(64));
+  bn1 = batch_norm(64, sync_group);
+  register_module("bn1", bn1.ptr());
   int64_t in_channels = 64;
   auto stage = [&](int64_t width, int64_t count, int64_t stride) {
     torch::nn::Sequential layer;
     for (int64_t i = 0; i < count; ++i) {
-      layer->push_back(Bottleneck(in_channels, width, i == 0 ? stride : 1));
+      layer->push_back(Bottleneck(in_channels, width, i == 0 ? stride : 1, sync_group));
       in_channels = width * kExpansion;
     }
     return layer;
@@ -52,25 +67,24 @@ ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes) {
   layer4 = register_module("layer4", stage(512, blocks.at(3), 2));
   fc = register_module("fc", torch::nn::Linear(in_channels, num_classes));
 
-  // torchvision's initialisation: He (fan_out) for convolutions, BatchNorm as identity.
+  // torchvision's initialisation: He (fan_out) for convolutions (BatchNorm starts as the identity).
   for (auto& module : modules(/*include_self=*/false)) {
     if (auto* c = module->as<torch::nn::Conv2d>()) {
       torch::nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
-    } else if (auto* b = module->as<torch::nn::BatchNorm2d>()) {
-      torch::nn::init::ones_(b->weight);
-      torch::nn::init::zeros_(b->bias);
     }
   }
 }
 
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
-  x = torch::relu(bn1(conv1(x)));
+  x = torch::relu(bn1.forward(conv1(x)));
   x = torch::max_pool2d(x, 3, 2, 1);
   for (auto layer : {layer1, layer2, layer3, layer4}) x = layer->forward(x);
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc(x);
 }
 
-ResNet resnet50(int64_t num_classes) { return ResNet(std::vector<int64_t>{3, 4, 6, 3}, num_classes); }
+ResNet resnet50(int64_t num_classes, const std::shared_ptr<ddp::ProcessGroup>& sync_group) {
+  return ResNet(std::vector<int64_t>{3, 4, 6, 3}, num_classes, sync_group);
+}
 
 }  // namespace resnet

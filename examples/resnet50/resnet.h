@@ -3,33 +3,44 @@
 // ResNet-50 as torchvision builds it (v1.5: the stride sits in the 3x3
 // convolution), with torchvision's parameter names, so state dicts line up.
 
+#include <memory>
+
 #include <torch/torch.h>
+
+#include <ddp/process_group.h>
 
 namespace resnet {
 
+/// The BatchNorm layers: torch::nn::BatchNorm2d, or with `sync_group`
+/// ddp::SyncBatchNorm over its ranks (--sync-bn). Same parameter names.
+torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::ProcessGroup>& sync_group);
+
 struct BottleneckImpl : torch::nn::Module {
-  BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride);
+  BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride,
+                 const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
   torch::Tensor forward(torch::Tensor x);
 
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
+  torch::nn::AnyModule bn1, bn2, bn3;
   torch::nn::Sequential downsample{nullptr};
 };
 TORCH_MODULE(Bottleneck);
 
 struct ResNetImpl : torch::nn::Module {
   /// blocks: bottlenecks per stage ({3, 4, 6, 3} for ResNet-50).
-  ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes);
+  /// `sync_group`: BatchNorm statistics over its ranks (null: each rank's own).
+  ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
+             const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
   torch::Tensor forward(torch::Tensor x);
 
   torch::nn::Conv2d conv1{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr};
+  torch::nn::AnyModule bn1;
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
   torch::nn::Linear fc{nullptr};
 };
 TORCH_MODULE(ResNet);
 
-/// ResNet-50: 25,557,032 parameters with 1000 classes.
-ResNet resnet50(int64_t num_classes = 1000);
+/// ResNet-50: 25,557,032 parameters with 1000 classes. `sync_group`: as ResNetImpl's.
+ResNet resnet50(int64_t num_classes = 1000, const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
 
 }  // namespace resnet

@@ -70,7 +70,9 @@ int main(int argc, char** argv) try {
       .add("momentum", "0.9", "SGD momentum")
       .add("weight-decay", "5e-5", "SGD weight decay (not on BatchNorm or biases)")
       .add("label-smoothing", "0.1", "label smoothing of the cross entropy")
-      .add("seed", "0", "random seed (model, data order, augmentation)");
+      .add("seed", "0", "random seed (model, data order, augmentation)")
+      .add_switch("sync-bn",
+                  "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), for small per-GPU batches");
   // lr 0.1 per 256 images is Goyal et al.'s rule; the default here assumes 2 x 128.
   examples::add_trainer_flags(flags, /*default_lr=*/0.1, /*default_steps=*/200, /*default_warmup=*/20);
   flags.parse(argc, argv);
@@ -117,7 +119,8 @@ int main(int argc, char** argv) try {
   }
 
   torch::manual_seed(flags.integer("seed"));
-  auto model = resnet::resnet50(classes);
+  const bool sync_bn = flags.on("sync-bn");
+  auto model = resnet::resnet50(classes, sync_bn ? process_group : nullptr);
   model->to(device);
   resnet::to_channels_last(*model);
   ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, process_group);
@@ -127,14 +130,15 @@ int main(int argc, char** argv) try {
 
   options.unit = "img/s";
   options.items_per_micro_batch = static_cast<double>(batch);
-  options.fingerprint = fmt::format("resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={}",
-                                    classes, image_size, batch, options.grad_accum, process_group->world_size(),
-                                    ddp::to_string(policy.precision()), flags.str("data"), flags.integer("seed"));
+  options.fingerprint =
+      fmt::format("resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={} sync_bn={}", classes,
+                  image_size, batch, options.grad_accum, process_group->world_size(),
+                  ddp::to_string(policy.precision()), flags.str("data"), flags.integer("seed"), sync_bn);
   if (process_group->rank() == 0) {
-    std::printf("ResNet-50 (%lld classes) on %d x %s, %s, batch %lld x %lld per rank\n",
+    std::printf("ResNet-50 (%lld classes) on %d x %s, %s, batch %lld x %lld per rank%s\n",
                 static_cast<long long>(classes), process_group->world_size(), device.str().c_str(),
                 ddp::to_string(policy.precision()).c_str(), static_cast<long long>(batch),
-                static_cast<long long>(options.grad_accum));
+                static_cast<long long>(options.grad_accum), sync_bn ? ", SyncBatchNorm" : "");
   }
 
   const auto criterion = torch::nn::CrossEntropyLossOptions().label_smoothing(flags.real("label-smoothing"));

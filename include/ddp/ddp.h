@@ -17,4 +17,5 @@
 #include <ddp/precision.h>
 #include <ddp/process_group.h>
 #include <ddp/sharding.h>
+#include <ddp/sync_batch_norm.h>
 #include <ddp/versions.h>

@@ -105,9 +105,11 @@ TEST(ResNet50Example, AnEpochsUnevenTailIsTrainedUnderJoinAndResumesExactly) {
                       5, 3, "step 4: an epoch's uneven tail, trained by the ranks that have its data under ddp::Join");
 }
 
-// Sharded checkpoints: one file per rank and a manifest; BatchNorm's buffers travel in the manifest.
-TEST(ResNet50Example, AKilledRunResumesExactlyFromAShardedCheckpoint) {
-  expect_exact_resume(TRAIN_RESNET50, with(kResnet, {"--checkpoint-format", "sharded"}), 6, 3, 2);
+// Sharded checkpoints: one file per rank and a manifest; BatchNorm's buffers
+// travel in the manifest. With --sync-bn (statistics over both ranks' batches).
+TEST(ResNet50Example, AKilledSyncBatchNormRunResumesExactlyFromAShardedCheckpoint) {
+  expect_exact_resume(TRAIN_RESNET50, with(kResnet, {"--checkpoint-format", "sharded", "--sync-bn"}), 6, 3, 2,
+                      "per rank, SyncBatchNorm");
 }
 
 TEST(LlamaExample, TrainsOnSyntheticTokens) {

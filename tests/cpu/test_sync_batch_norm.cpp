@@ -1,0 +1,46 @@
+// ddp::SyncBatchNorm over Gloo: one process's BatchNorm on the ranks'
+// batches laid end to end, in forward, backward and the running statistics.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "support/collective_checks.h"
+#include "support/multiprocess.h"
+#include "support/sync_batch_norm_scenarios.h"
+
+namespace {
+
+using namespace ddp::testing;
+
+std::shared_ptr<ddp::ProcessGroup> init_gloo() {
+  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
+}
+
+TEST(SyncBatchNormGloo, TwoRanksWithDifferentBatchSizesMatchOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) { check_sync_batch_norm_matches_one_process(init_gloo(), {3, 5}); }));
+}
+
+// A rank with no images still joins the statistics' collectives.
+TEST(SyncBatchNormGloo, ThreeRanksOneWithAnEmptyBatchMatchOneProcess) {
+  expect_all_succeeded(run_ranks(3, [](int) { check_sync_batch_norm_matches_one_process(init_gloo(), {4, 0, 2}); }));
+}
+
+// Its backward collectives interleave with DDP's bucket reductions.
+TEST(SyncBatchNormGloo, UnderDdpTrainsAsOneProcessOnTheWholeBatch) {
+  expect_all_succeeded(run_ranks(2, [](int) { check_sync_batch_norm_under_ddp_matches_one_process(init_gloo()); }));
+}
+
+TEST(SyncBatchNormGloo, InputOfTheWrongShapeIsRefused) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    ddp::SyncBatchNorm norm(torch::nn::BatchNormOptions(3), init_gloo());
+    require_usage_error(
+        [&] {
+          norm(torch::zeros({2, 4, 5, 5}));
+        },
+        "ddp::SyncBatchNorm(3): input must be [N, 3, ...], got [2, 4, 5, 5]");
+  }));
+}
+
+}  // namespace

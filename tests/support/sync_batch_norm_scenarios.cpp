@@ -1,0 +1,144 @@
+#include "support/sync_batch_norm_scenarios.h"
+
+#include <string>
+
+#include <torch/torch.h>
+
+#include "support/multiprocess.h"
+
+namespace ddp::testing {
+namespace {
+
+constexpr std::int64_t kChannels = 3;
+
+/// Rank `rank`'s input and loss weights at `step`: [n, C, 4, 4], from (step, rank).
+std::pair<torch::Tensor, torch::Tensor> batch_of(int rank, int step, int n, const torch::Device& device) {
+  auto generator = at::detail::createCPUGenerator(1000 * step + rank);
+  torch::Tensor x = torch::randn({n, kChannels, 4, 4}, generator) * 2 + 3;  // a mean far from 0
+  torch::Tensor weights = torch::randn({n, kChannels, 4, 4}, generator);
+  return {x.to(device), weights.to(device)};
+}
+
+void require_close(const torch::Tensor& got, const torch::Tensor& expected, const std::string& what) {
+  require(got.sizes() == expected.sizes() && torch::allclose(got.cpu(), expected.cpu(), 1e-4, 1e-5),
+          what + " differs from one process's");
+}
+
+torch::Tensor summed_over_ranks(Communicator& comm, const torch::Tensor& tensor) {
+  torch::Tensor sum = tensor.detach().clone();
+  comm.all_reduce(sum)->wait();
+  return sum;
+}
+
+void set_affine(torch::Tensor weight, torch::Tensor bias) {
+  torch::NoGradGuard no_grad;
+  weight.copy_(torch::tensor({0.5, 1.5, -1.0}));
+  bias.copy_(torch::tensor({0.1, -0.2, 0.3}));
+}
+
+}  // namespace
+
+void check_sync_batch_norm_matches_one_process(const std::shared_ptr<ProcessGroup>& pg,
+                                               const std::vector<int>& batches) {
+  const int rank = pg->rank();
+  const torch::Device device = pg->device();
+  auto& comm = pg->communicator();
+  SyncBatchNorm sync(torch::nn::BatchNormOptions(kChannels), pg);
+  torch::nn::BatchNorm2d reference(kChannels);
+  set_affine(sync->weight, sync->bias);
+  set_affine(reference->weight, reference->bias);
+  sync->to(device);
+  reference->to(device);
+  for (int step = 0; step < 2; ++step) {
+    const std::string at = "step " + std::to_string(step) + ", rank " + std::to_string(rank) + ": ";
+    std::vector<torch::Tensor> xs, ws;
+    for (int r = 0; r < static_cast<int>(batches.size()); ++r) {
+      auto [x, w] = batch_of(r, step, batches[static_cast<std::size_t>(r)], device);
+      xs.push_back(x);
+      ws.push_back(w);
+    }
+    // This rank: its own batch; its loss weighs the output by its weights.
+    torch::Tensor x = xs[static_cast<std::size_t>(rank)].clone().requires_grad_(true);
+    sync->zero_grad();
+    torch::Tensor y = sync(x);
+    (y * ws[static_cast<std::size_t>(rank)]).sum().backward();
+    // One process: every batch at once, the sum of every rank's loss.
+    torch::Tensor all = torch::cat(xs).requires_grad_(true);
+    reference->zero_grad();
+    torch::Tensor expected = reference(all);
+    (expected * torch::cat(ws)).sum().backward();
+    std::int64_t first = 0;
+    for (int r = 0; r < rank; ++r) first += batches[static_cast<std::size_t>(r)];
+    const std::int64_t n = batches[static_cast<std::size_t>(rank)];
+    require_close(y, expected.narrow(0, first, n), at + "the output");
+    require_close(x.grad(), all.grad().narrow(0, first, n), at + "the input's gradient");
+    require_close(summed_over_ranks(comm, sync->weight.grad()), reference->weight.grad(), at + "the weight's gradient");
+    require_close(summed_over_ranks(comm, sync->bias.grad()), reference->bias.grad(), at + "the bias's gradient");
+    require_close(sync->running_mean, reference->running_mean, at + "the running mean");
+    require_close(sync->running_var, reference->running_var, at + "the running variance");
+    require(sync->num_batches_tracked.item<std::int64_t>() == step + 1, at + "num_batches_tracked is off");
+  }
+  sync->eval();
+  reference->eval();
+  const torch::Tensor probe = batch_of(rank, 7, 2, device).first;
+  require_close(sync(probe), reference(probe), "evaluation (running statistics)");
+}
+
+namespace {
+
+struct ConvNetImpl : torch::nn::Module {
+  explicit ConvNetImpl(torch::nn::AnyModule norm_layer)
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(kChannels, kChannels, 3).padding(1)))),
+        norm(std::move(norm_layer)),
+        head(register_module("head", torch::nn::Linear(kChannels, 2))) {
+    register_module("norm", norm.ptr());
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = torch::relu(norm.forward(conv(x)));
+    return head(h.mean({2, 3}));
+  }
+  torch::nn::Conv2d conv;
+  torch::nn::AnyModule norm;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(ConvNet);
+
+}  // namespace
+
+void check_sync_batch_norm_under_ddp_matches_one_process(const std::shared_ptr<ProcessGroup>& pg) {
+  const torch::Device device = pg->device();
+  const int world = pg->world_size();
+  torch::manual_seed(0);
+  ConvNet net{torch::nn::AnyModule(SyncBatchNorm(torch::nn::BatchNormOptions(kChannels), pg))};
+  torch::manual_seed(0);
+  ConvNet reference{torch::nn::AnyModule(torch::nn::BatchNorm2d(kChannels))};
+  net->to(device);
+  reference->to(device);
+  DistributedDataParallel<ConvNet> model(net, pg);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    std::vector<torch::Tensor> xs, ts;
+    for (int r = 0; r < world; ++r) {
+      auto [x, w] = batch_of(r, step, 4, device);
+      xs.push_back(x);
+      ts.push_back(w.mean({1, 2, 3}).unsqueeze(1).repeat({1, 2}));
+    }
+    optimizer.zero_grad();
+    torch::mse_loss(model(xs[static_cast<std::size_t>(pg->rank())]), ts[static_cast<std::size_t>(pg->rank())])
+        .backward();
+    optimizer.step();
+    reference_optimizer.zero_grad();
+    torch::mse_loss(reference->forward(torch::cat(xs)), torch::cat(ts)).backward();
+    reference_optimizer.step();
+  }
+  const auto expected = reference->named_parameters();
+  for (const auto& item : net->named_parameters()) require_close(item.value(), expected[item.key()], item.key());
+  const auto expected_buffers = reference->named_buffers();
+  for (const auto& item : net->named_buffers()) {
+    if (item.key() == "norm.num_batches_tracked") continue;  // an integer count: equal by construction above
+    require_close(item.value(), expected_buffers[item.key()], item.key());
+  }
+}
+
+}  // namespace ddp::testing
