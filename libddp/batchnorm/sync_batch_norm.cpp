@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <ddp/communicator.h>
 #include <ddp/errors.h>
@@ -15,42 +15,34 @@
 namespace ddp {
 namespace {
 
-/// Backward of a sum over the ranks: every rank's loss depends on the sum,
-/// so the gradient of each rank's addend is the sum of the ranks' gradients.
-class AllReduceSumBackward : public torch::autograd::Node {
- public:
-  AllReduceSumBackward(std::shared_ptr<ProcessGroup> group, at::Tensor like)
-      : group_(std::move(group)), like_(std::move(like)) {}
-  std::string name() const override { return "ddp::AllReduceSumBackward"; }
-
-  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
-    // A rank whose loss ignores the sum still joins the collective, with zeros.
-    at::Tensor grad = grads[0].defined() ? grads[0].clone() : at::zeros_like(like_);
-    group_->communicator().all_reduce(grad)->wait_stream();
-    return {grad};
-  }
-
- private:
-  std::shared_ptr<ProcessGroup> group_;
-  at::Tensor like_;  // shape, dtype and device of the gradient
+/// The process group, as autograd's saved data holds it.
+struct GroupCapsule : torch::CustomClassHolder {
+  explicit GroupCapsule(std::shared_ptr<ProcessGroup> process_group) : group(std::move(process_group)) {}
+  std::shared_ptr<ProcessGroup> group;
 };
 
-/// `local` summed over the ranks, differentiable: one all-reduce forward, one backward.
-at::Tensor all_reduce_sum(const at::Tensor& local, const std::shared_ptr<ProcessGroup>& group) {
-  at::Tensor summed;
-  {
-    at::NoGradGuard no_grad;
-    summed = local.detach().clone();
+/// `local` summed over the ranks, differentiable: every rank's loss depends
+/// on the sum, so the gradient of each rank's addend is the sum of the
+/// ranks' gradients. One all-reduce in forward, one in backward.
+class AllReduceSum : public torch::autograd::Function<AllReduceSum> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local,
+                            const std::shared_ptr<ProcessGroup>& group) {
+    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(group));
+    at::Tensor summed = local.clone();
     group->communicator().all_reduce(summed)->wait_stream();
+    return summed;
   }
-  if (local.requires_grad()) {
-    std::shared_ptr<AllReduceSumBackward> node(new AllReduceSumBackward(group, at::empty_like(summed)),
-                                               torch::autograd::deleteNode);
-    node->set_next_edges(torch::autograd::collect_next_edges(local));
-    torch::autograd::set_history(summed, node);
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto capsule = ctx->saved_data["group"].toCapsule();
+    // (Autograd gives zeros for an unused output, so every rank joins the collective.)
+    at::Tensor grad = grads[0].clone();
+    static_cast<GroupCapsule*>(capsule.get())->group->communicator().all_reduce(grad)->wait_stream();
+    return {grad, at::Tensor()};
   }
-  return summed;
-}
+};
 
 }  // namespace
 
@@ -84,7 +76,7 @@ at::Tensor sync_batch_norm(const at::Tensor& input, const at::Tensor& weight, co
     const at::Tensor zeros = x.sum(reduced).to(at::kDouble);
     local = at::cat({at::zeros({1}, zeros.options()), zeros, zeros});
   }
-  const at::Tensor global = all_reduce_sum(local, group);
+  const at::Tensor global = AllReduceSum::apply(local, group);
   // All on the device: a host read of the count would stall every layer.
   const at::Tensor total = global.narrow(0, 0, 1);
   const at::Tensor mean = global.narrow(0, 1, channels) / total;
