@@ -24,6 +24,7 @@
 
 #include <ddp/ddp.h>
 
+#include "common/device_timing.h"
 #include "common/run_info.h"
 #include "flags.h"
 
@@ -62,19 +63,8 @@ Args parse_args(int argc, char** argv) {
   return args;
 }
 
-/// Milliseconds per call of `body`: best trial of `iterations` calls.
 double time_ms(const Args& args, const std::function<void()>& body) {
-  for (int i = 0; i < 3; ++i) body();
-  torch::cuda::synchronize();
-  double best = 1e30;
-  for (int trial = 0; trial < args.trials; ++trial) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < args.iterations; ++i) body();
-    torch::cuda::synchronize();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    best = std::min(best, ms / args.iterations);
-  }
-  return best;
+  return bench::best_ms_per_call(args.iterations, args.trials, body);
 }
 
 struct Row {

@@ -1,6 +1,7 @@
 #pragma once
 
 // libddp: distributed data-parallel training for LibTorch.
+#include <ddp/batch_norm.h>
 #include <ddp/captured_step.h>
 #include <ddp/checkpoint.h>
 #include <ddp/comm_hooks.h>

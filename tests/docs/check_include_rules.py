@@ -18,7 +18,7 @@ ALLOWED = {
     "comm": {"compat", "cuda"},
     "runtime": {"comm", "compat"},
     "doctor": set(),
-    "batchnorm": set(),
+    "batchnorm": {"cuda"},
     "capture": {"comm"},
     "sharding": {"reducer/bucket_assignment.h", "reducer/row_major.h"},
     "checkpoint": {"sharding/sharded_parameters.h", "optim/fused_step.h", "reducer/row_major.h"},

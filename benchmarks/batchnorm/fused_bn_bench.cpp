@@ -1,0 +1,104 @@
+// ddp::fused_batch_norm against ATen's BatchNorm (cuDNN), add and ReLU on the
+// BatchNorm shapes of ResNet-50 at one batch, forward and backward, next to
+// the device's copy bandwidth measured in the same run: the kernels are
+// memory-bound, so bytes moved / time against a copy's is their efficiency.
+//
+//   fused_bn_bench [--batch 128] [--dtype bf16] [--iterations 50] [--trials 5]
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "common/device_timing.h"
+#include "common/run_info.h"
+#include "flags.h"
+
+namespace {
+
+struct Shape {
+  std::string where;
+  int64_t channels, side;
+  bool residual;  // the bottleneck's last BatchNorm: + identity, then ReLU
+  int count;      // how many of ResNet-50's BatchNorms have this shape and kind
+};
+
+// ResNet-50 (torchvision v1.5) at 224 x 224: every BatchNorm, grouped.
+const std::vector<Shape> kShapes{
+    {"stem", 64, 112, false, 1},      {"layer1 bn1/bn2", 64, 56, false, 6}, {"layer1 bn3", 256, 56, true, 3},
+    {"layer1 downsample", 256, 56, false, 1}, {"layer2 bn1", 128, 56, false, 1}, {"layer2 bn1/bn2", 128, 28, false, 7},
+    {"layer2 bn3", 512, 28, true, 4}, {"layer2 downsample", 512, 28, false, 1}, {"layer3 bn1", 256, 28, false, 1},
+    {"layer3 bn1/bn2", 256, 14, false, 11}, {"layer3 bn3", 1024, 14, true, 6}, {"layer3 downsample", 1024, 14, false, 1},
+    {"layer4 bn1", 512, 14, false, 1}, {"layer4 bn1/bn2", 512, 7, false, 5}, {"layer4 bn3", 2048, 7, true, 3},
+    {"layer4 downsample", 2048, 7, false, 1}};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  examples::Flags flags("fused_bn_bench", "ddp::fused_batch_norm against ATen on ResNet-50's BatchNorm shapes.");
+  flags.add("batch", "128", "images").add("dtype", "bf16", "bf16 | fp32").add("iterations", "50", "calls per trial");
+  flags.add("trials", "5", "trials (the best is kept)");
+  flags.parse(argc, argv);
+  const int64_t batch = flags.integer("batch");
+  const auto dtype = flags.str("dtype") == "fp32" ? torch::kFloat : torch::kBFloat16;
+  const int iterations = static_cast<int>(flags.integer("iterations"));
+  const int trials = static_cast<int>(flags.integer("trials"));
+  if (!torch::cuda::is_available()) flags.fail("needs a CUDA device");
+  const auto info = bench::run_info(0);
+  std::printf("%s, %s, commit %s; batch %lld, %s, channels_last\n", info.gpu.c_str(), info.date.c_str(),
+              info.commit.c_str(), static_cast<long long>(batch), flags.str("dtype").c_str());
+
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  // The copy bandwidth: a 1 GiB device-to-device copy (read + write).
+  const torch::Tensor from = torch::empty({1 << 28}, cuda.dtype(torch::kFloat));
+  const torch::Tensor to = torch::empty_like(from);
+  const double copy_ms = bench::best_ms_per_call(iterations, trials, [&] { to.copy_(from); });
+  const double copy_gbps = 2.0 * from.nbytes() / copy_ms / 1e6;
+  std::printf("copy: %.0f GB/s\n\n", copy_gbps);
+
+  std::printf("| BatchNorm | C x H x W | n | ATen fwd+bwd (ms) | fused fwd+bwd (ms) | speed-up | fused GB/s | of copy |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  double aten_total = 0, fused_total = 0;
+  for (const Shape& s : kShapes) {
+    const auto shape = std::vector<int64_t>{batch, s.channels, s.side, s.side};
+    const auto activations = cuda.dtype(dtype).memory_format(torch::MemoryFormat::ChannelsLast);
+    const torch::Tensor x = torch::randn(shape, activations).requires_grad_(true);
+    const torch::Tensor residual = s.residual ? torch::randn(shape, activations).requires_grad_(true) : torch::Tensor();
+    const torch::Tensor grad = torch::randn(shape, activations);
+    const torch::Tensor weight = torch::ones({s.channels}, cuda).requires_grad_(true);
+    const torch::Tensor bias = torch::zeros({s.channels}, cuda).requires_grad_(true);
+    const torch::Tensor running_mean = torch::zeros({s.channels}, cuda);
+    const torch::Tensor running_var = torch::ones({s.channels}, cuda);
+    const auto aten = [&] {
+      torch::Tensor y = torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.1, 1e-5, true);
+      if (s.residual) y = y + residual;
+      torch::relu(y).backward(grad);
+    };
+    const auto fused = [&] {
+      ddp::fused_batch_norm(x, weight, bias, running_mean, running_var, residual).backward(grad);
+    };
+    const double aten_ms = bench::best_ms_per_call(iterations, trials, aten);
+    const double fused_ms = bench::best_ms_per_call(iterations, trials, fused);
+    // The fused passes: forward reads x twice (+ residual), writes y; backward
+    // reads dy, y and x twice each, writes dx (+ the residual's gradient).
+    const double elements = static_cast<double>(x.numel()) * x.element_size();
+    const double bytes = elements * ((s.residual ? 4 : 3) + (s.residual ? 8 : 7));
+    const double gbps = bytes / fused_ms / 1e6;
+    aten_total += aten_ms * s.count;
+    fused_total += fused_ms * s.count;
+    std::printf("| %s%s | %lld x %lld x %lld | %d | %.3f | %.3f | %.2fx | %.0f | %.0f%% |\n", s.where.c_str(),
+                s.residual ? " (+add, relu)" : " (relu)", static_cast<long long>(s.channels),
+                static_cast<long long>(s.side), static_cast<long long>(s.side), s.count, aten_ms, fused_ms,
+                aten_ms / fused_ms, gbps, 100 * gbps / copy_gbps);
+  }
+  std::printf("\nall %d BatchNorms of a step (each shape x n): ATen %.2f ms, fused %.2f ms, %.2fx\n", 53, aten_total,
+              fused_total, aten_total / fused_total);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "fused_bn_bench: error: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,445 @@
+// BatchNorm, residual add and ReLU over channels-last activations, forward
+// and backward, each direction one reduction pass and one elementwise pass.
+// Rows x channels: a thread owns kVec neighbouring channels (one 8 or 16
+// byte load per row) and walks rows, so its channels' statistics and
+// coefficients stay in registers; the threads of a block along y take
+// interleaved rows, and the blocks along y split the rows between them.
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <type_traits>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include "batchnorm/kernels.h"
+#include "cuda/cuda_check.h"
+
+namespace ddp::detail {
+namespace {
+
+constexpr int kVec = 4;  // channels per thread
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+
+/// kVec values moved by one load or store.
+template <typename T>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <typename T>
+__device__ __forceinline__ void load(const T* p, float (&out)[kVec]) {
+  const Pack<T> pack = *reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) out[i] = to_float(pack.v[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store(T* p, const float (&in)[kVec]) {
+  Pack<T> pack;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) pack.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T>*>(p) = pack;
+}
+
+/// Chan's merge of two Welford accumulators (count, mean, sum of squared deviations).
+__device__ __forceinline__ void merge(float& n, float& mean, float& m2, float n_b, float mean_b, float m2_b) {
+  const float total = n + n_b;
+  if (total == 0.f) return;
+  const float delta = mean_b - mean;
+  const float weight_b = n_b / total;
+  mean += delta * weight_b;
+  m2 += m2_b + delta * delta * n * weight_b;
+  n = total;
+}
+
+/// The rows block `blockIdx.y` walks: [first, last).
+struct RowRange {
+  int64_t first, last;
+};
+__device__ __forceinline__ RowRange rows_of_block(int64_t rows, int64_t rows_per_block) {
+  const int64_t first = blockIdx.y * rows_per_block;
+  return {first, min(rows, first + rows_per_block)};
+}
+
+/// Per block along y and channel: count, mean and squared deviations of its
+/// rows, in partial[3][gridDim.y][channels].
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    batch_norm_statistics(const T* __restrict__ x, int64_t rows, int channels, int64_t rows_per_block,
+                          float* __restrict__ partial) {
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x][1 + 2 kVec]
+  const int group = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool owns = group * kVec < channels;
+  const RowRange range = rows_of_block(rows, rows_per_block);
+  float n = 0.f, mean[kVec] = {}, m2[kVec] = {};
+  if (owns) {
+    for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
+      float v[kVec];
+      load(x + row * channels + group * kVec, v);
+      n += 1.f;
+      const float inverse = 1.f / n;
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const float delta = v[i] - mean[i];
+        mean[i] += delta * inverse;
+        m2[i] += delta * (v[i] - mean[i]);
+      }
+    }
+  }
+  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * (1 + 2 * kVec);
+  mine[0] = n;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    mine[1 + i] = mean[i];
+    mine[1 + kVec + i] = m2[i];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || !owns) return;
+  float total[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) total[i] = n;
+  for (unsigned y = 1; y < blockDim.y; ++y) {
+    const float* other = shared + (y * blockDim.x + threadIdx.x) * (1 + 2 * kVec);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) merge(total[i], mean[i], m2[i], other[0], other[1 + i], other[1 + kVec + i]);
+  }
+  const int64_t plane = static_cast<int64_t>(gridDim.y) * channels;
+  float* out = partial + static_cast<int64_t>(blockIdx.y) * channels + group * kVec;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    out[i] = total[i];
+    out[plane + i] = mean[i];
+    out[2 * plane + i] = m2[i];
+  }
+}
+
+/// One thread per channel: merges the blocks' statistics, updates the running
+/// ones, and folds weight and bias into scale_shift[2][channels].
+__global__ void batch_norm_finish_statistics(const float* __restrict__ partial, int parts, int channels,
+                                             const float* __restrict__ weight, const float* __restrict__ bias,
+                                             float* __restrict__ running_mean, float* __restrict__ running_var,
+                                             float momentum, float eps, float* __restrict__ mean_out,
+                                             float* __restrict__ invstd_out, float* __restrict__ scale_shift) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int64_t plane = static_cast<int64_t>(parts) * channels;
+  float n = 0.f, mean = 0.f, m2 = 0.f;
+  for (int p = 0; p < parts; ++p) {
+    const int64_t at = static_cast<int64_t>(p) * channels + c;
+    merge(n, mean, m2, partial[at], partial[plane + at], partial[2 * plane + at]);
+  }
+  const float variance = m2 / n;
+  const float invstd = rsqrtf(variance + eps);
+  mean_out[c] = mean;
+  invstd_out[c] = invstd;
+  if (running_mean != nullptr) {
+    running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
+    running_var[c] = (1.f - momentum) * running_var[c] + momentum * (n > 1.f ? m2 / (n - 1.f) : variance);
+  }
+  const float scale = (weight != nullptr ? weight[c] : 1.f) * invstd;
+  scale_shift[c] = scale;
+  scale_shift[channels + c] = (bias != nullptr ? bias[c] : 0.f) - mean * scale;
+}
+
+/// y = relu?(x * scale + shift + residual?).
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    batch_norm_apply(const T* __restrict__ x, const T* __restrict__ residual, const float* __restrict__ scale_shift,
+                     int64_t rows, int channels, int64_t rows_per_block, bool relu, T* __restrict__ y) {
+  const int group = blockIdx.x * blockDim.x + threadIdx.x;
+  if (group * kVec >= channels) return;
+  const int c = group * kVec;
+  float scale[kVec], shift[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    scale[i] = scale_shift[c + i];
+    shift[i] = scale_shift[channels + c + i];
+  }
+  const RowRange range = rows_of_block(rows, rows_per_block);
+  for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
+    const int64_t at = row * channels + c;
+    float v[kVec];
+    load(x + at, v);
+    float r[kVec] = {};
+    if (residual != nullptr) load(residual + at, r);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float out = v[i] * scale[i] + shift[i] + r[i];
+      v[i] = relu ? fmaxf(out, 0.f) : out;
+    }
+    store(y + at, v);
+  }
+}
+
+/// The gradient reaching the BatchNorm's output: ReLU passes it where the
+/// output is positive.
+template <typename T>
+__device__ __forceinline__ void gradient_before_relu(const T* grad_y, const T* y, int64_t at, bool relu,
+                                                     float (&dz)[kVec]) {
+  load(grad_y + at, dz);
+  if (!relu) return;
+  float out[kVec];
+  load(y + at, out);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) dz[i] = out[i] > 0.f ? dz[i] : 0.f;
+}
+
+/// Per block along y and channel: sums of dz and of dz * (x - mean), in partial[2][gridDim.y][channels].
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    batch_norm_gradient_sums(const T* __restrict__ grad_y, const T* __restrict__ y, const T* __restrict__ x,
+                             const float* __restrict__ mean, int64_t rows, int channels, int64_t rows_per_block,
+                             bool relu, float* __restrict__ partial) {
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x][2 kVec]
+  const int group = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool owns = group * kVec < channels;
+  const int c = group * kVec;
+  float sum_dz[kVec] = {}, sum_dz_xc[kVec] = {};
+  if (owns) {
+    float mu[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) mu[i] = mean[c + i];
+    const RowRange range = rows_of_block(rows, rows_per_block);
+    for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
+      const int64_t at = row * channels + c;
+      float dz[kVec], v[kVec];
+      gradient_before_relu(grad_y, y, at, relu, dz);
+      load(x + at, v);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        sum_dz[i] += dz[i];
+        sum_dz_xc[i] += dz[i] * (v[i] - mu[i]);
+      }
+    }
+  }
+  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * (2 * kVec);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    mine[i] = sum_dz[i];
+    mine[kVec + i] = sum_dz_xc[i];
+  }
+  __syncthreads();
+  if (threadIdx.y != 0 || !owns) return;
+  for (unsigned other_y = 1; other_y < blockDim.y; ++other_y) {
+    const float* other = shared + (other_y * blockDim.x + threadIdx.x) * (2 * kVec);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      sum_dz[i] += other[i];
+      sum_dz_xc[i] += other[kVec + i];
+    }
+  }
+  const int64_t plane = static_cast<int64_t>(gridDim.y) * channels;
+  float* out = partial + static_cast<int64_t>(blockIdx.y) * channels + c;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    out[i] = sum_dz[i];
+    out[plane + i] = sum_dz_xc[i];
+  }
+}
+
+/// One thread per channel: the weight's and bias's gradients, and the
+/// coefficients of dx = a * dz - b - k * (x - mean) in coefficients[3][channels].
+__global__ void batch_norm_finish_gradients(const float* __restrict__ partial, int parts, int channels, int64_t rows,
+                                            const float* __restrict__ weight, const float* __restrict__ invstd,
+                                            float* __restrict__ grad_weight, float* __restrict__ grad_bias,
+                                            float* __restrict__ coefficients) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int64_t plane = static_cast<int64_t>(parts) * channels;
+  float sum_dz = 0.f, sum_dz_xc = 0.f;
+  for (int p = 0; p < parts; ++p) {
+    const int64_t at = static_cast<int64_t>(p) * channels + c;
+    sum_dz += partial[at];
+    sum_dz_xc += partial[plane + at];
+  }
+  const float istd = invstd[c];
+  const float grad_gamma = sum_dz_xc * istd;
+  grad_weight[c] = grad_gamma;
+  grad_bias[c] = sum_dz;
+  const float a = (weight != nullptr ? weight[c] : 1.f) * istd;
+  const float per_row = 1.f / static_cast<float>(rows);
+  coefficients[c] = a;
+  coefficients[channels + c] = a * sum_dz * per_row;
+  coefficients[2 * channels + c] = a * istd * grad_gamma * per_row;
+}
+
+/// dx = a * dz - b - k * (x - mean); the residual's gradient is dz.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    batch_norm_gradient_apply(const T* __restrict__ grad_y, const T* __restrict__ y, const T* __restrict__ x,
+                              const float* __restrict__ mean, const float* __restrict__ coefficients, int64_t rows,
+                              int channels, int64_t rows_per_block, bool relu, T* __restrict__ grad_x,
+                              T* __restrict__ grad_residual) {
+  const int group = blockIdx.x * blockDim.x + threadIdx.x;
+  if (group * kVec >= channels) return;
+  const int c = group * kVec;
+  float a[kVec], b[kVec], k[kVec], mu[kVec];
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    a[i] = coefficients[c + i];
+    b[i] = coefficients[channels + c + i];
+    k[i] = coefficients[2 * channels + c + i];
+    mu[i] = mean[c + i];
+  }
+  const RowRange range = rows_of_block(rows, rows_per_block);
+  for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
+    const int64_t at = row * channels + c;
+    float dz[kVec], v[kVec];
+    gradient_before_relu(grad_y, y, at, relu, dz);
+    if (grad_residual != nullptr) store(grad_residual + at, dz);
+    load(x + at, v);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) v[i] = a[i] * dz[i] - b[i] - k[i] * (v[i] - mu[i]);
+    store(grad_x + at, v);
+  }
+}
+
+/// Blocks of kThreads: x over groups of kVec channels, y over rows; enough
+/// blocks along the rows to fill the device a few times over.
+struct Launch {
+  dim3 grid, block;
+  int64_t rows_per_block = 0;
+};
+
+Launch launch_for(int64_t rows, int channels) {
+  const int groups = channels / kVec;
+  const int threads_x = std::min(groups, 32);
+  Launch launch;
+  launch.block = dim3(threads_x, kThreads / threads_x);
+  const int blocks_x = (groups + threads_x - 1) / threads_x;
+  int device = 0;
+  DDP_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // At least 8 rows per thread, so that the partial sums stay few.
+  const int64_t by_rows = std::max<int64_t>(1, rows / (static_cast<int64_t>(launch.block.y) * 8));
+  const int64_t blocks_y = std::min<int64_t>(by_rows, std::max<int64_t>(1, 4 * sms / blocks_x));
+  launch.rows_per_block = (rows + blocks_y - 1) / blocks_y;
+  launch.grid = dim3(blocks_x, static_cast<unsigned>((rows + launch.rows_per_block - 1) / launch.rows_per_block));
+  return launch;
+}
+
+template <typename T>
+const T* data_of(const at::Tensor& tensor) {
+  return tensor.defined() ? reinterpret_cast<const T*>(tensor.data_ptr()) : nullptr;
+}
+template <typename T>
+T* mutable_data_of(const at::Tensor& tensor) {
+  return tensor.defined() ? reinterpret_cast<T*>(tensor.data_ptr()) : nullptr;
+}
+const float* floats_of(const at::Tensor& tensor) { return tensor.defined() ? tensor.data_ptr<float>() : nullptr; }
+
+/// Calls f with a null pointer of the CUDA type of `dtype`.
+template <typename F>
+void dispatch(c10::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kFloat: f(static_cast<float*>(nullptr)); break;
+    case at::kBFloat16: f(static_cast<__nv_bfloat16*>(nullptr)); break;
+    case at::kHalf: f(static_cast<__half*>(nullptr)); break;
+    default: throw std::invalid_argument("fused_batch_norm: no kernel for this dtype");
+  }
+}
+
+}  // namespace
+
+bool fits_fused_batch_norm(const at::Tensor& input) {
+  const c10::ScalarType dtype = input.scalar_type();
+  if (!input.is_cuda() || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
+  const bool layout = (input.dim() == 4 && input.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+                      (input.dim() == 2 && input.is_contiguous());
+  if (!layout || input.size(1) % kVec != 0 || input.numel() == 0) return false;
+  return reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kVec * input.element_size()) == 0;
+}
+
+void fused_batch_norm_forward(const at::Tensor& input, const at::Tensor& residual, const at::Tensor& weight,
+                              const at::Tensor& bias, const at::Tensor& running_mean, const at::Tensor& running_var,
+                              double momentum, double eps, bool relu, const at::Tensor& output,
+                              const at::Tensor& mean, const at::Tensor& invstd) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int channels = static_cast<int>(input.size(1));
+  const int64_t rows = input.numel() / channels;
+  const Launch launch = launch_for(rows, channels);
+  const auto floats = input.options().dtype(at::kFloat);
+  const at::Tensor partial = at::empty({3, static_cast<int64_t>(launch.grid.y), channels}, floats);
+  const at::Tensor scale_shift = at::empty({2, channels}, floats);
+  const int finish_blocks = (channels + 127) / 128;
+  dispatch(input.scalar_type(), [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const size_t shared = launch.block.x * launch.block.y * (1 + 2 * kVec) * sizeof(float);
+    batch_norm_statistics<T><<<launch.grid, launch.block, shared, stream>>>(
+        data_of<T>(input), rows, channels, launch.rows_per_block, partial.data_ptr<float>());
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_statistics");
+    batch_norm_finish_statistics<<<finish_blocks, 128, 0, stream>>>(
+        partial.data_ptr<float>(), static_cast<int>(launch.grid.y), channels, floats_of(weight), floats_of(bias),
+        running_mean.defined() ? running_mean.data_ptr<float>() : nullptr,
+        running_var.defined() ? running_var.data_ptr<float>() : nullptr, static_cast<float>(momentum),
+        static_cast<float>(eps), mean.data_ptr<float>(), invstd.data_ptr<float>(), scale_shift.data_ptr<float>());
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_statistics");
+    batch_norm_apply<T><<<launch.grid, launch.block, 0, stream>>>(data_of<T>(input), data_of<T>(residual),
+                                                                  scale_shift.data_ptr<float>(), rows, channels,
+                                                                  launch.rows_per_block, relu, mutable_data_of<T>(output));
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_apply");
+  });
+}
+
+void fused_batch_norm_backward(const at::Tensor& grad_output, const at::Tensor& output, const at::Tensor& input,
+                               const at::Tensor& weight, const at::Tensor& mean, const at::Tensor& invstd, bool relu,
+                               const at::Tensor& grad_input, const at::Tensor& grad_residual,
+                               const at::Tensor& grad_weight, const at::Tensor& grad_bias) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const int channels = static_cast<int>(input.size(1));
+  const int64_t rows = input.numel() / channels;
+  const Launch launch = launch_for(rows, channels);
+  const auto floats = input.options().dtype(at::kFloat);
+  const at::Tensor partial = at::empty({2, static_cast<int64_t>(launch.grid.y), channels}, floats);
+  const at::Tensor coefficients = at::empty({3, channels}, floats);
+  const int finish_blocks = (channels + 127) / 128;
+  dispatch(input.scalar_type(), [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const size_t shared = launch.block.x * launch.block.y * (2 * kVec) * sizeof(float);
+    batch_norm_gradient_sums<T><<<launch.grid, launch.block, shared, stream>>>(
+        data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(), rows, channels,
+        launch.rows_per_block, relu, partial.data_ptr<float>());
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums");
+    batch_norm_finish_gradients<<<finish_blocks, 128, 0, stream>>>(
+        partial.data_ptr<float>(), static_cast<int>(launch.grid.y), channels, rows, floats_of(weight),
+        invstd.data_ptr<float>(), grad_weight.data_ptr<float>(), grad_bias.data_ptr<float>(),
+        coefficients.data_ptr<float>());
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_gradients");
+    batch_norm_gradient_apply<T><<<launch.grid, launch.block, 0, stream>>>(
+        data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(),
+        coefficients.data_ptr<float>(), rows, channels, launch.rows_per_block, relu, mutable_data_of<T>(grad_input),
+        mutable_data_of<T>(grad_residual));
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_apply");
+  });
+}
+
+}  // namespace ddp::detail

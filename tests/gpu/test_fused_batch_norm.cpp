@@ -1,0 +1,92 @@
+// ddp::fused_batch_norm's CUDA kernels against ATen's BatchNorm, add and ReLU:
+// outputs, running statistics and the gradients of input, residual, weight
+// and bias, in fp32 and bf16, for ResNet-like shapes.
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+namespace {
+
+struct Case {
+  std::vector<int64_t> shape;  // [N, C, H, W] (channels_last) or [N, C]
+  bool residual;
+  bool relu;
+};
+
+struct Result {
+  torch::Tensor y, running_mean, running_var, grad_x, grad_residual, grad_weight, grad_bias;
+};
+
+/// Runs one training step of the layer on fp32 master copies of the inputs
+/// cast to `dtype`; `fused` false: ATen's ops on the same values in fp32.
+Result run(const Case& c, torch::ScalarType dtype, bool fused) {
+  auto generator = at::detail::createCPUGenerator(42);
+  const int64_t channels = c.shape[1];
+  const auto format = c.shape.size() == 4 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  // The inputs as the fused path sees them (rounded to dtype), then in the reference's dtype.
+  const torch::Tensor x0 = (torch::randn(c.shape, generator) * 3 + 1).to(dtype).to(torch::kFloat);
+  const torch::Tensor r0 = torch::randn(c.shape, generator).to(dtype).to(torch::kFloat);
+  const torch::Tensor g0 = torch::randn(c.shape, generator).to(dtype).to(torch::kFloat);
+  const torch::ScalarType compute = fused ? dtype : torch::kFloat;
+  torch::Tensor x = x0.to(cuda.dtype(compute)).contiguous(format).requires_grad_(true);
+  torch::Tensor residual = r0.to(cuda.dtype(compute)).contiguous(format).requires_grad_(true);
+  torch::Tensor weight = (torch::rand({channels}, generator) + 0.5).to(cuda).requires_grad_(true);
+  torch::Tensor bias = torch::randn({channels}, generator).to(cuda).requires_grad_(true);
+  torch::Tensor running_mean = torch::zeros({channels}, cuda);
+  torch::Tensor running_var = torch::ones({channels}, cuda);
+  const auto options = ddp::FusedBatchNormOptions().relu(c.relu).momentum(0.2);
+  torch::Tensor y = fused ? ddp::fused_batch_norm(x, weight, bias, running_mean, running_var,
+                                                  c.residual ? residual : torch::Tensor(), options)
+                          : torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.2, 1e-5, true);
+  if (!fused) {
+    if (c.residual) y = y + residual;
+    if (c.relu) y = torch::relu(y);
+  }
+  y.backward(g0.to(cuda.dtype(compute)).contiguous(format));
+  return {y.detach().to(torch::kFloat).cpu(),
+          running_mean.cpu(),
+          running_var.cpu(),
+          x.grad().to(torch::kFloat).cpu(),
+          c.residual ? residual.grad().to(torch::kFloat).cpu() : torch::Tensor(),
+          weight.grad().cpu(),
+          bias.grad().cpu()};
+}
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& expected, double tolerance, const std::string& what) {
+  ASSERT_EQ(got.sizes(), expected.sizes()) << what;
+  const double scale = std::max(1.0, expected.abs().max().item<double>());
+  const double error = (got - expected).abs().max().item<double>();
+  EXPECT_LE(error, tolerance * scale) << what << ": largest difference " << error << " against a scale of " << scale;
+}
+
+void expect_matches_aten(torch::ScalarType dtype, double tolerance) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
+  const std::vector<Case> cases{{{8, 64, 14, 14}, true, true},
+                                {{4, 256, 7, 7}, false, true},
+                                {{3, 128, 5, 9}, true, false},
+                                {{2, 2048, 7, 7}, true, true},
+                                {{96, 12}, false, false}};
+  for (const Case& c : cases) {
+    const std::string name = "shape " + std::to_string(c.shape[0]) + "x" + std::to_string(c.shape[1]) +
+                             (c.residual ? " +residual" : "") + (c.relu ? " +relu" : "");
+    const Result fused = run(c, dtype, true);
+    const Result reference = run(c, dtype, false);
+    expect_close(fused.y, reference.y, tolerance, name + ": output");
+    expect_close(fused.running_mean, reference.running_mean, 1e-5, name + ": running mean");
+    expect_close(fused.running_var, reference.running_var, 1e-5, name + ": running variance");
+    expect_close(fused.grad_x, reference.grad_x, tolerance, name + ": input gradient");
+    if (c.residual) expect_close(fused.grad_residual, reference.grad_residual, tolerance, name + ": residual gradient");
+    expect_close(fused.grad_weight, reference.grad_weight, tolerance, name + ": weight gradient");
+    expect_close(fused.grad_bias, reference.grad_bias, tolerance, name + ": bias gradient");
+  }
+}
+
+TEST(FusedBatchNorm, Fp32MatchesAten) { expect_matches_aten(torch::kFloat, 1e-4); }
+
+// bf16 in and out, fp32 inside: within bf16's rounding of the fp32 reference.
+TEST(FusedBatchNorm, Bf16MatchesAtenInFp32) { expect_matches_aten(torch::kBFloat16, 2e-2); }
+
+}  // namespace
