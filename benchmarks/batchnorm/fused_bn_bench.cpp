@@ -65,20 +65,25 @@ int main(int argc, char** argv) try {
   double aten_total = 0, fused_total = 0;
   for (const Shape& s : kShapes) {
     const auto shape = std::vector<int64_t>{batch, s.channels, s.side, s.side};
-    const auto activations = cuda.dtype(dtype).memory_format(torch::MemoryFormat::ChannelsLast);
-    const torch::Tensor x = torch::randn(shape, activations).requires_grad_(true);
-    const torch::Tensor residual = s.residual ? torch::randn(shape, activations).requires_grad_(true) : torch::Tensor();
-    const torch::Tensor grad = torch::randn(shape, activations);
+    const auto nhwc = [&] { return torch::randn(shape, cuda.dtype(dtype)).contiguous(torch::MemoryFormat::ChannelsLast); };
+    torch::Tensor x = nhwc().requires_grad_(true);
+    torch::Tensor residual = s.residual ? nhwc().requires_grad_(true) : torch::Tensor();
+    const torch::Tensor grad = nhwc();
     const torch::Tensor weight = torch::ones({s.channels}, cuda).requires_grad_(true);
     const torch::Tensor bias = torch::zeros({s.channels}, cuda).requires_grad_(true);
     const torch::Tensor running_mean = torch::zeros({s.channels}, cuda);
     const torch::Tensor running_var = torch::ones({s.channels}, cuda);
+    // Gradients are dropped after each call, so none is accumulated into.
     const auto aten = [&] {
+      x.mutable_grad() = torch::Tensor();
+      if (s.residual) residual.mutable_grad() = torch::Tensor();
       torch::Tensor y = torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.1, 1e-5, true);
       if (s.residual) y = y + residual;
       torch::relu(y).backward(grad);
     };
     const auto fused = [&] {
+      x.mutable_grad() = torch::Tensor();
+      if (s.residual) residual.mutable_grad() = torch::Tensor();
       ddp::fused_batch_norm(x, weight, bias, running_mean, running_var, residual).backward(grad);
     };
     const double aten_ms = bench::best_ms_per_call(iterations, trials, aten);

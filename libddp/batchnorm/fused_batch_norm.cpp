@@ -23,20 +23,33 @@ at::Tensor unfused(const at::Tensor& input, const at::Tensor& weight, const at::
 }
 
 #ifdef DDP_WITH_CUDA_KERNELS
+/// LibTorch 2.x's Function::apply records every tensor argument's device, so
+/// an absent one travels as an empty tensor (present ones are never empty).
+at::Tensor or_empty(const at::Tensor& tensor, const at::Tensor& like) {
+  return tensor.defined() ? tensor : at::empty({0}, like.options());
+}
+at::Tensor unless_empty(const at::Tensor& tensor) { return tensor.numel() == 0 ? at::Tensor() : tensor; }
+
 /// The fused kernels under autograd: saves the input and the output (ReLU's
 /// mask) and the batch's mean and inverse standard deviation.
 class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& residual,
-                            const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& running_mean,
-                            const at::Tensor& running_var, double momentum, double eps, bool relu) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& residual_or_empty, const at::Tensor& weight_or_empty,
+                            const at::Tensor& bias_or_empty, const at::Tensor& running_mean_or_empty,
+                            const at::Tensor& running_var_or_empty, double momentum, double eps, bool relu) {
+    const at::Tensor residual = unless_empty(residual_or_empty);
+    const at::Tensor weight = unless_empty(weight_or_empty);
+    const at::Tensor bias = unless_empty(bias_or_empty);
+    const at::Tensor running_mean = unless_empty(running_mean_or_empty);
+    const at::Tensor running_var = unless_empty(running_var_or_empty);
     const auto floats = input.options().dtype(at::kFloat);
     at::Tensor output = at::empty_like(input);
     at::Tensor mean = at::empty({input.size(1)}, floats);
     at::Tensor invstd = at::empty({input.size(1)}, floats);
     detail::fused_batch_norm_forward(input, residual, weight, bias, running_mean, running_var, momentum, eps, relu,
                                      output, mean, invstd);
-    ctx->save_for_backward({input, output, weight, mean, invstd});
+    ctx->save_for_backward({input, output, weight_or_empty, mean, invstd});
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["residual"] = residual.defined();
     ctx->saved_data["weight"] = weight.defined();
@@ -55,7 +68,7 @@ class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFu
     at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? at::empty_like(input) : at::Tensor();
     at::Tensor grad_weight = at::empty({input.size(1)}, floats);
     at::Tensor grad_bias = at::empty({input.size(1)}, floats);
-    detail::fused_batch_norm_backward(grad_output, output, input, saved[2], saved[3], saved[4],
+    detail::fused_batch_norm_backward(grad_output, output, input, unless_empty(saved[2]), saved[3], saved[4],
                                       ctx->saved_data["relu"].toBool(), grad_input, grad_residual, grad_weight,
                                       grad_bias);
     const bool affine = ctx->saved_data["weight"].toBool();
@@ -92,8 +105,10 @@ at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, c
                     fp32_or_none(weight) && fp32_or_none(bias) && fp32_or_none(running_mean) &&
                     fp32_or_none(running_var);
   if (fits) {
-    return FusedBatchNormFunction::apply(input, residual, weight, bias, running_mean, running_var, options.momentum(),
-                                         options.eps(), options.relu());
+    return FusedBatchNormFunction::apply(input, or_empty(residual, input), or_empty(weight, input),
+                                         or_empty(bias, input), or_empty(running_mean, input),
+                                         or_empty(running_var, input), options.momentum(), options.eps(),
+                                         options.relu());
   }
 #endif
   return unfused(input, weight, bias, running_mean, running_var, residual, options);

@@ -72,6 +72,7 @@ void expect_matches_aten(torch::ScalarType dtype, double tolerance) {
   for (const Case& c : cases) {
     const std::string name = "shape " + std::to_string(c.shape[0]) + "x" + std::to_string(c.shape[1]) +
                              (c.residual ? " +residual" : "") + (c.relu ? " +relu" : "");
+    SCOPED_TRACE(name);
     const Result fused = run(c, dtype, true);
     const Result reference = run(c, dtype, false);
     expect_close(fused.y, reference.y, tolerance, name + ": output");
