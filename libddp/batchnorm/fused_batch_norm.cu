@@ -1,12 +1,13 @@
 // BatchNorm, residual add and ReLU over channels-last activations, forward
 // and backward, each direction one reduction pass and one elementwise pass.
-// Rows x channels: a thread owns kVec neighbouring channels (one 8 or 16
+// Rows x channels: a thread owns 4 or 8 neighbouring channels (one 8 or 16
 // byte load per row) and walks rows, so its channels' statistics and
 // coefficients stay in registers; the threads of a block along y take
 // interleaved rows, and the blocks along y split the rows between them.
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <type_traits>
 
@@ -24,8 +25,8 @@
 namespace ddp::detail {
 namespace {
 
-constexpr int kVec = 4;  // channels per thread
 constexpr int kThreads = 256;
+constexpr int kFinishWays = 32;  // threads merging one channel's partial results
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -46,25 +47,25 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
 
-/// kVec values moved by one load or store.
-template <typename T>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
+/// V values moved by one load or store (8 or 16 bytes).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
 };
 
-template <typename T>
-__device__ __forceinline__ void load(const T* p, float (&out)[kVec]) {
-  const Pack<T> pack = *reinterpret_cast<const Pack<T>*>(p);
+template <typename T, int V>
+__device__ __forceinline__ void load(const T* p, float (&out)[V]) {
+  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) out[i] = to_float(pack.v[i]);
+  for (int i = 0; i < V; ++i) out[i] = to_float(pack.v[i]);
 }
 
-template <typename T>
-__device__ __forceinline__ void store(T* p, const float (&in)[kVec]) {
-  Pack<T> pack;
+template <typename T, int V>
+__device__ __forceinline__ void store(T* p, const float (&in)[V]) {
+  Pack<T, V> pack;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T>*>(p) = pack;
+  for (int i = 0; i < V; ++i) pack.v[i] = from_float<T>(in[i]);
+  *reinterpret_cast<Pack<T, V>*>(p) = pack;
 }
 
 /// Chan's merge of two Welford accumulators (count, mean, sum of squared deviations).
@@ -89,70 +90,82 @@ __device__ __forceinline__ RowRange rows_of_block(int64_t rows, int64_t rows_per
 
 /// Per block along y and channel: count, mean and squared deviations of its
 /// rows, in partial[3][gridDim.y][channels].
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     batch_norm_statistics(const T* __restrict__ x, int64_t rows, int channels, int64_t rows_per_block,
                           float* __restrict__ partial) {
-  extern __shared__ float shared[];  // [blockDim.y][blockDim.x][1 + 2 kVec]
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x][1 + 2 V]
   const int group = blockIdx.x * blockDim.x + threadIdx.x;
-  const bool owns = group * kVec < channels;
+  const bool owns = group * V < channels;
   const RowRange range = rows_of_block(rows, rows_per_block);
-  float n = 0.f, mean[kVec] = {}, m2[kVec] = {};
+  float n = 0.f, mean[V] = {}, m2[V] = {};
   if (owns) {
     for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
-      float v[kVec];
-      load(x + row * channels + group * kVec, v);
+      float v[V];
+      load(x + row * channels + group * V, v);
       n += 1.f;
       const float inverse = 1.f / n;
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
+      for (int i = 0; i < V; ++i) {
         const float delta = v[i] - mean[i];
         mean[i] += delta * inverse;
         m2[i] += delta * (v[i] - mean[i]);
       }
     }
   }
-  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * (1 + 2 * kVec);
+  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * (1 + 2 * V);
   mine[0] = n;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < V; ++i) {
     mine[1 + i] = mean[i];
-    mine[1 + kVec + i] = m2[i];
+    mine[1 + V + i] = m2[i];
   }
   __syncthreads();
   if (threadIdx.y != 0 || !owns) return;
-  float total[kVec];
+  float total[V];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) total[i] = n;
+  for (int i = 0; i < V; ++i) total[i] = n;
   for (unsigned y = 1; y < blockDim.y; ++y) {
-    const float* other = shared + (y * blockDim.x + threadIdx.x) * (1 + 2 * kVec);
+    const float* other = shared + (y * blockDim.x + threadIdx.x) * (1 + 2 * V);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) merge(total[i], mean[i], m2[i], other[0], other[1 + i], other[1 + kVec + i]);
+    for (int i = 0; i < V; ++i) merge(total[i], mean[i], m2[i], other[0], other[1 + i], other[1 + V + i]);
   }
   const int64_t plane = static_cast<int64_t>(gridDim.y) * channels;
-  float* out = partial + static_cast<int64_t>(blockIdx.y) * channels + group * kVec;
+  float* out = partial + static_cast<int64_t>(blockIdx.y) * channels + group * V;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < V; ++i) {
     out[i] = total[i];
     out[plane + i] = mean[i];
     out[2 * plane + i] = m2[i];
   }
 }
 
-/// One thread per channel: merges the blocks' statistics, updates the running
-/// ones, and folds weight and bias into scale_shift[2][channels].
-__global__ void batch_norm_finish_statistics(const float* __restrict__ partial, int parts, int channels,
-                                             const float* __restrict__ weight, const float* __restrict__ bias,
-                                             float* __restrict__ running_mean, float* __restrict__ running_var,
-                                             float momentum, float eps, float* __restrict__ mean_out,
-                                             float* __restrict__ invstd_out, float* __restrict__ scale_shift) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
+/// A block per 32 channels: kFinishWays threads per channel merge the
+/// blocks' statistics, then the running ones are updated and weight and bias
+/// folded into scale_shift[2][channels].
+__global__ void __launch_bounds__(32 * kFinishWays)
+    batch_norm_finish_statistics(const float* __restrict__ partial, int parts, int channels,
+                                 const float* __restrict__ weight, const float* __restrict__ bias,
+                                 float* __restrict__ running_mean, float* __restrict__ running_var, float momentum,
+                                 float eps, float* __restrict__ mean_out, float* __restrict__ invstd_out,
+                                 float* __restrict__ scale_shift) {
+  __shared__ float merged[kFinishWays][32][3];
+  const int c = blockIdx.x * 32 + threadIdx.x;
   const int64_t plane = static_cast<int64_t>(parts) * channels;
   float n = 0.f, mean = 0.f, m2 = 0.f;
-  for (int p = 0; p < parts; ++p) {
-    const int64_t at = static_cast<int64_t>(p) * channels + c;
-    merge(n, mean, m2, partial[at], partial[plane + at], partial[2 * plane + at]);
+  if (c < channels) {
+    for (int p = threadIdx.y; p < parts; p += kFinishWays) {
+      const int64_t at = static_cast<int64_t>(p) * channels + c;
+      merge(n, mean, m2, partial[at], partial[plane + at], partial[2 * plane + at]);
+    }
+  }
+  merged[threadIdx.y][threadIdx.x][0] = n;
+  merged[threadIdx.y][threadIdx.x][1] = mean;
+  merged[threadIdx.y][threadIdx.x][2] = m2;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= channels) return;
+  for (int way = 1; way < kFinishWays; ++way) {
+    merge(n, mean, m2, merged[way][threadIdx.x][0], merged[way][threadIdx.x][1], merged[way][threadIdx.x][2]);
   }
   const float variance = m2 / n;
   const float invstd = rsqrtf(variance + eps);
@@ -168,28 +181,28 @@ __global__ void batch_norm_finish_statistics(const float* __restrict__ partial, 
 }
 
 /// y = relu?(x * scale + shift + residual?).
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     batch_norm_apply(const T* __restrict__ x, const T* __restrict__ residual, const float* __restrict__ scale_shift,
                      int64_t rows, int channels, int64_t rows_per_block, bool relu, T* __restrict__ y) {
   const int group = blockIdx.x * blockDim.x + threadIdx.x;
-  if (group * kVec >= channels) return;
-  const int c = group * kVec;
-  float scale[kVec], shift[kVec];
+  if (group * V >= channels) return;
+  const int c = group * V;
+  float scale[V], shift[V];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < V; ++i) {
     scale[i] = scale_shift[c + i];
     shift[i] = scale_shift[channels + c + i];
   }
   const RowRange range = rows_of_block(rows, rows_per_block);
   for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
     const int64_t at = row * channels + c;
-    float v[kVec];
+    float v[V];
     load(x + at, v);
-    float r[kVec] = {};
+    float r[V] = {};
     if (residual != nullptr) load(residual + at, r);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
+    for (int i = 0; i < V; ++i) {
       const float out = v[i] * scale[i] + shift[i] + r[i];
       v[i] = relu ? fmaxf(out, 0.f) : out;
     }
@@ -199,84 +212,96 @@ __global__ void __launch_bounds__(kThreads)
 
 /// The gradient reaching the BatchNorm's output: ReLU passes it where the
 /// output is positive.
-template <typename T>
+template <typename T, int V>
 __device__ __forceinline__ void gradient_before_relu(const T* grad_y, const T* y, int64_t at, bool relu,
-                                                     float (&dz)[kVec]) {
+                                                     float (&dz)[V]) {
   load(grad_y + at, dz);
   if (!relu) return;
-  float out[kVec];
+  float out[V];
   load(y + at, out);
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) dz[i] = out[i] > 0.f ? dz[i] : 0.f;
+  for (int i = 0; i < V; ++i) dz[i] = out[i] > 0.f ? dz[i] : 0.f;
 }
 
 /// Per block along y and channel: sums of dz and of dz * (x - mean), in partial[2][gridDim.y][channels].
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     batch_norm_gradient_sums(const T* __restrict__ grad_y, const T* __restrict__ y, const T* __restrict__ x,
                              const float* __restrict__ mean, int64_t rows, int channels, int64_t rows_per_block,
                              bool relu, float* __restrict__ partial) {
-  extern __shared__ float shared[];  // [blockDim.y][blockDim.x][2 kVec]
+  extern __shared__ float shared[];  // [blockDim.y][blockDim.x][2 V]
   const int group = blockIdx.x * blockDim.x + threadIdx.x;
-  const bool owns = group * kVec < channels;
-  const int c = group * kVec;
-  float sum_dz[kVec] = {}, sum_dz_xc[kVec] = {};
+  const bool owns = group * V < channels;
+  const int c = group * V;
+  float sum_dz[V] = {}, sum_dz_xc[V] = {};
   if (owns) {
-    float mu[kVec];
+    float mu[V];
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) mu[i] = mean[c + i];
+    for (int i = 0; i < V; ++i) mu[i] = mean[c + i];
     const RowRange range = rows_of_block(rows, rows_per_block);
     for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
       const int64_t at = row * channels + c;
-      float dz[kVec], v[kVec];
+      float dz[V], v[V];
       gradient_before_relu(grad_y, y, at, relu, dz);
       load(x + at, v);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
+      for (int i = 0; i < V; ++i) {
         sum_dz[i] += dz[i];
         sum_dz_xc[i] += dz[i] * (v[i] - mu[i]);
       }
     }
   }
-  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * (2 * kVec);
+  float* mine = shared + (threadIdx.y * blockDim.x + threadIdx.x) * (2 * V);
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < V; ++i) {
     mine[i] = sum_dz[i];
-    mine[kVec + i] = sum_dz_xc[i];
+    mine[V + i] = sum_dz_xc[i];
   }
   __syncthreads();
   if (threadIdx.y != 0 || !owns) return;
   for (unsigned other_y = 1; other_y < blockDim.y; ++other_y) {
-    const float* other = shared + (other_y * blockDim.x + threadIdx.x) * (2 * kVec);
+    const float* other = shared + (other_y * blockDim.x + threadIdx.x) * (2 * V);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
+    for (int i = 0; i < V; ++i) {
       sum_dz[i] += other[i];
-      sum_dz_xc[i] += other[kVec + i];
+      sum_dz_xc[i] += other[V + i];
     }
   }
   const int64_t plane = static_cast<int64_t>(gridDim.y) * channels;
   float* out = partial + static_cast<int64_t>(blockIdx.y) * channels + c;
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < V; ++i) {
     out[i] = sum_dz[i];
     out[plane + i] = sum_dz_xc[i];
   }
 }
 
-/// One thread per channel: the weight's and bias's gradients, and the
-/// coefficients of dx = a * dz - b - k * (x - mean) in coefficients[3][channels].
-__global__ void batch_norm_finish_gradients(const float* __restrict__ partial, int parts, int channels, int64_t rows,
-                                            const float* __restrict__ weight, const float* __restrict__ invstd,
-                                            float* __restrict__ grad_weight, float* __restrict__ grad_bias,
-                                            float* __restrict__ coefficients) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
+/// A block per 32 channels, kFinishWays threads per channel: the weight's and
+/// bias's gradients, and the coefficients of dx = a * dz - b - k * (x - mean)
+/// in coefficients[3][channels].
+__global__ void __launch_bounds__(32 * kFinishWays)
+    batch_norm_finish_gradients(const float* __restrict__ partial, int parts, int channels, int64_t rows,
+                                const float* __restrict__ weight, const float* __restrict__ invstd,
+                                float* __restrict__ grad_weight, float* __restrict__ grad_bias,
+                                float* __restrict__ coefficients) {
+  __shared__ float summed[kFinishWays][32][2];
+  const int c = blockIdx.x * 32 + threadIdx.x;
   const int64_t plane = static_cast<int64_t>(parts) * channels;
   float sum_dz = 0.f, sum_dz_xc = 0.f;
-  for (int p = 0; p < parts; ++p) {
-    const int64_t at = static_cast<int64_t>(p) * channels + c;
-    sum_dz += partial[at];
-    sum_dz_xc += partial[plane + at];
+  if (c < channels) {
+    for (int p = threadIdx.y; p < parts; p += kFinishWays) {
+      const int64_t at = static_cast<int64_t>(p) * channels + c;
+      sum_dz += partial[at];
+      sum_dz_xc += partial[plane + at];
+    }
+  }
+  summed[threadIdx.y][threadIdx.x][0] = sum_dz;
+  summed[threadIdx.y][threadIdx.x][1] = sum_dz_xc;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= channels) return;
+  for (int way = 1; way < kFinishWays; ++way) {
+    sum_dz += summed[way][threadIdx.x][0];
+    sum_dz_xc += summed[way][threadIdx.x][1];
   }
   const float istd = invstd[c];
   const float grad_gamma = sum_dz_xc * istd;
@@ -290,18 +315,18 @@ __global__ void batch_norm_finish_gradients(const float* __restrict__ partial, i
 }
 
 /// dx = a * dz - b - k * (x - mean); the residual's gradient is dz.
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     batch_norm_gradient_apply(const T* __restrict__ grad_y, const T* __restrict__ y, const T* __restrict__ x,
                               const float* __restrict__ mean, const float* __restrict__ coefficients, int64_t rows,
                               int channels, int64_t rows_per_block, bool relu, T* __restrict__ grad_x,
                               T* __restrict__ grad_residual) {
   const int group = blockIdx.x * blockDim.x + threadIdx.x;
-  if (group * kVec >= channels) return;
-  const int c = group * kVec;
-  float a[kVec], b[kVec], k[kVec], mu[kVec];
+  if (group * V >= channels) return;
+  const int c = group * V;
+  float a[V], b[V], k[V], mu[V];
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) {
+  for (int i = 0; i < V; ++i) {
     a[i] = coefficients[c + i];
     b[i] = coefficients[channels + c + i];
     k[i] = coefficients[2 * channels + c + i];
@@ -310,25 +335,25 @@ __global__ void __launch_bounds__(kThreads)
   const RowRange range = rows_of_block(rows, rows_per_block);
   for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
     const int64_t at = row * channels + c;
-    float dz[kVec], v[kVec];
+    float dz[V], v[V];
     gradient_before_relu(grad_y, y, at, relu, dz);
     if (grad_residual != nullptr) store(grad_residual + at, dz);
     load(x + at, v);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) v[i] = a[i] * dz[i] - b[i] - k[i] * (v[i] - mu[i]);
+    for (int i = 0; i < V; ++i) v[i] = a[i] * dz[i] - b[i] - k[i] * (v[i] - mu[i]);
     store(grad_x + at, v);
   }
 }
 
-/// Blocks of kThreads: x over groups of kVec channels, y over rows; enough
+/// Blocks of kThreads: x over groups of V channels, y over rows; enough
 /// blocks along the rows to fill the device a few times over.
 struct Launch {
   dim3 grid, block;
   int64_t rows_per_block = 0;
 };
 
-Launch launch_for(int64_t rows, int channels) {
-  const int groups = channels / kVec;
+Launch launch_for(int64_t rows, int channels, int vector) {
+  const int groups = channels / vector;
   const int threads_x = std::min(groups, 32);
   Launch launch;
   launch.block = dim3(threads_x, kThreads / threads_x);
@@ -337,7 +362,7 @@ Launch launch_for(int64_t rows, int channels) {
   DDP_CUDA_CHECK(cudaGetDevice(&device));
   int sms = 0;
   DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  // At least 8 rows per thread, so that the partial sums stay few.
+  // At least 8 rows per thread, so that the partial results stay few.
   const int64_t by_rows = std::max<int64_t>(1, rows / (static_cast<int64_t>(launch.block.y) * 8));
   const int64_t blocks_y = std::min<int64_t>(by_rows, std::max<int64_t>(1, 4 * sms / blocks_x));
   launch.rows_per_block = (rows + blocks_y - 1) / blocks_y;
@@ -355,13 +380,32 @@ T* mutable_data_of(const at::Tensor& tensor) {
 }
 const float* floats_of(const at::Tensor& tensor) { return tensor.defined() ? tensor.data_ptr<float>() : nullptr; }
 
-/// Calls f with a null pointer of the CUDA type of `dtype`.
+constexpr int kNarrowestVector = 4;
+
+/// 16-byte loads where every activation allows them (16-bit types, channels
+/// a multiple of 8, aligned pointers), else kNarrowestVector elements.
+int vector_width(const at::Tensor& input, std::initializer_list<at::Tensor> activations) {
+  if (input.element_size() != 2 || input.size(1) % 8 != 0) return kNarrowestVector;
+  for (const at::Tensor& tensor : activations) {
+    if (tensor.defined() && reinterpret_cast<std::uintptr_t>(tensor.data_ptr()) % 16 != 0) return kNarrowestVector;
+  }
+  return 8;
+}
+
+/// Calls f(T*, std::integral_constant<int, V>) for the CUDA type of `dtype` and the vector width.
 template <typename F>
-void dispatch(c10::ScalarType dtype, F&& f) {
+void dispatch(c10::ScalarType dtype, int vector, F&& f) {
+  const auto widths = [&](auto* type) {
+    if (vector == 8) {
+      f(type, std::integral_constant<int, 8>{});
+    } else {
+      f(type, std::integral_constant<int, kNarrowestVector>{});
+    }
+  };
   switch (dtype) {
-    case at::kFloat: f(static_cast<float*>(nullptr)); break;
-    case at::kBFloat16: f(static_cast<__nv_bfloat16*>(nullptr)); break;
-    case at::kHalf: f(static_cast<__half*>(nullptr)); break;
+    case at::kFloat: f(static_cast<float*>(nullptr), std::integral_constant<int, kNarrowestVector>{}); break;
+    case at::kBFloat16: widths(static_cast<__nv_bfloat16*>(nullptr)); break;
+    case at::kHalf: widths(static_cast<__half*>(nullptr)); break;
     default: throw std::invalid_argument("fused_batch_norm: no kernel for this dtype");
   }
 }
@@ -373,8 +417,8 @@ bool fits_fused_batch_norm(const at::Tensor& input) {
   if (!input.is_cuda() || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
   const bool layout = (input.dim() == 4 && input.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
                       (input.dim() == 2 && input.is_contiguous());
-  if (!layout || input.size(1) % kVec != 0 || input.numel() == 0) return false;
-  return reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kVec * input.element_size()) == 0;
+  if (!layout || input.size(1) % kNarrowestVector != 0 || input.numel() == 0) return false;
+  return reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kNarrowestVector * input.element_size()) == 0;
 }
 
 void fused_batch_norm_forward(const at::Tensor& input, const at::Tensor& residual, const at::Tensor& weight,
@@ -385,26 +429,28 @@ void fused_batch_norm_forward(const at::Tensor& input, const at::Tensor& residua
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int channels = static_cast<int>(input.size(1));
   const int64_t rows = input.numel() / channels;
-  const Launch launch = launch_for(rows, channels);
+  const int vector = vector_width(input, {input, residual, output});
+  const Launch launch = launch_for(rows, channels, vector);
   const auto floats = input.options().dtype(at::kFloat);
   const at::Tensor partial = at::empty({3, static_cast<int64_t>(launch.grid.y), channels}, floats);
   const at::Tensor scale_shift = at::empty({2, channels}, floats);
-  const int finish_blocks = (channels + 127) / 128;
-  dispatch(input.scalar_type(), [&](auto* type) {
+  const dim3 finish_grid((channels + 31) / 32), finish_block(32, kFinishWays);
+  dispatch(input.scalar_type(), vector, [&](auto* type, auto width) {
     using T = std::remove_pointer_t<decltype(type)>;
-    const size_t shared = launch.block.x * launch.block.y * (1 + 2 * kVec) * sizeof(float);
-    batch_norm_statistics<T><<<launch.grid, launch.block, shared, stream>>>(
+    constexpr int V = decltype(width)::value;
+    const size_t shared = launch.block.x * launch.block.y * (1 + 2 * V) * sizeof(float);
+    batch_norm_statistics<T, V><<<launch.grid, launch.block, shared, stream>>>(
         data_of<T>(input), rows, channels, launch.rows_per_block, partial.data_ptr<float>());
     DDP_CUDA_CHECK_LAUNCH("batch_norm_statistics");
-    batch_norm_finish_statistics<<<finish_blocks, 128, 0, stream>>>(
+    batch_norm_finish_statistics<<<finish_grid, finish_block, 0, stream>>>(
         partial.data_ptr<float>(), static_cast<int>(launch.grid.y), channels, floats_of(weight), floats_of(bias),
         running_mean.defined() ? running_mean.data_ptr<float>() : nullptr,
         running_var.defined() ? running_var.data_ptr<float>() : nullptr, static_cast<float>(momentum),
         static_cast<float>(eps), mean.data_ptr<float>(), invstd.data_ptr<float>(), scale_shift.data_ptr<float>());
     DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_statistics");
-    batch_norm_apply<T><<<launch.grid, launch.block, 0, stream>>>(data_of<T>(input), data_of<T>(residual),
-                                                                  scale_shift.data_ptr<float>(), rows, channels,
-                                                                  launch.rows_per_block, relu, mutable_data_of<T>(output));
+    batch_norm_apply<T, V><<<launch.grid, launch.block, 0, stream>>>(
+        data_of<T>(input), data_of<T>(residual), scale_shift.data_ptr<float>(), rows, channels,
+        launch.rows_per_block, relu, mutable_data_of<T>(output));
     DDP_CUDA_CHECK_LAUNCH("batch_norm_apply");
   });
 }
@@ -417,24 +463,26 @@ void fused_batch_norm_backward(const at::Tensor& grad_output, const at::Tensor& 
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const int channels = static_cast<int>(input.size(1));
   const int64_t rows = input.numel() / channels;
-  const Launch launch = launch_for(rows, channels);
+  const int vector = vector_width(input, {grad_output, output, input, grad_input, grad_residual});
+  const Launch launch = launch_for(rows, channels, vector);
   const auto floats = input.options().dtype(at::kFloat);
   const at::Tensor partial = at::empty({2, static_cast<int64_t>(launch.grid.y), channels}, floats);
   const at::Tensor coefficients = at::empty({3, channels}, floats);
-  const int finish_blocks = (channels + 127) / 128;
-  dispatch(input.scalar_type(), [&](auto* type) {
+  const dim3 finish_grid((channels + 31) / 32), finish_block(32, kFinishWays);
+  dispatch(input.scalar_type(), vector, [&](auto* type, auto width) {
     using T = std::remove_pointer_t<decltype(type)>;
-    const size_t shared = launch.block.x * launch.block.y * (2 * kVec) * sizeof(float);
-    batch_norm_gradient_sums<T><<<launch.grid, launch.block, shared, stream>>>(
+    constexpr int V = decltype(width)::value;
+    const size_t shared = launch.block.x * launch.block.y * (2 * V) * sizeof(float);
+    batch_norm_gradient_sums<T, V><<<launch.grid, launch.block, shared, stream>>>(
         data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(), rows, channels,
         launch.rows_per_block, relu, partial.data_ptr<float>());
     DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums");
-    batch_norm_finish_gradients<<<finish_blocks, 128, 0, stream>>>(
+    batch_norm_finish_gradients<<<finish_grid, finish_block, 0, stream>>>(
         partial.data_ptr<float>(), static_cast<int>(launch.grid.y), channels, rows, floats_of(weight),
         invstd.data_ptr<float>(), grad_weight.data_ptr<float>(), grad_bias.data_ptr<float>(),
         coefficients.data_ptr<float>());
     DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_gradients");
-    batch_norm_gradient_apply<T><<<launch.grid, launch.block, 0, stream>>>(
+    batch_norm_gradient_apply<T, V><<<launch.grid, launch.block, 0, stream>>>(
         data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(),
         coefficients.data_ptr<float>(), rows, channels, launch.rows_per_block, relu, mutable_data_of<T>(grad_input),
         mutable_data_of<T>(grad_residual));
