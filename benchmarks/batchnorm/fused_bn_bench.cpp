@@ -25,16 +25,17 @@ struct Shape {
   int64_t channels, side;
   bool residual;  // the bottleneck's last BatchNorm: + identity, then ReLU
   int count;      // how many of ResNet-50's BatchNorms have this shape and kind
+  bool relu = true;  // false: the downsample's BatchNorm, whose output is the identity
 };
 
 // ResNet-50 (torchvision v1.5) at 224 x 224: every BatchNorm, grouped.
 const std::vector<Shape> kShapes{
     {"stem", 64, 112, false, 1},      {"layer1 bn1/bn2", 64, 56, false, 6}, {"layer1 bn3", 256, 56, true, 3},
-    {"layer1 downsample", 256, 56, false, 1}, {"layer2 bn1", 128, 56, false, 1}, {"layer2 bn1/bn2", 128, 28, false, 7},
-    {"layer2 bn3", 512, 28, true, 4}, {"layer2 downsample", 512, 28, false, 1}, {"layer3 bn1", 256, 28, false, 1},
-    {"layer3 bn1/bn2", 256, 14, false, 11}, {"layer3 bn3", 1024, 14, true, 6}, {"layer3 downsample", 1024, 14, false, 1},
+    {"layer1 downsample", 256, 56, false, 1, false}, {"layer2 bn1", 128, 56, false, 1}, {"layer2 bn1/bn2", 128, 28, false, 7},
+    {"layer2 bn3", 512, 28, true, 4}, {"layer2 downsample", 512, 28, false, 1, false}, {"layer3 bn1", 256, 28, false, 1},
+    {"layer3 bn1/bn2", 256, 14, false, 11}, {"layer3 bn3", 1024, 14, true, 6}, {"layer3 downsample", 1024, 14, false, 1, false},
     {"layer4 bn1", 512, 14, false, 1}, {"layer4 bn1/bn2", 512, 7, false, 5}, {"layer4 bn3", 2048, 7, true, 3},
-    {"layer4 downsample", 2048, 7, false, 1}};
+    {"layer4 downsample", 2048, 7, false, 1, false}};
 
 }  // namespace
 
@@ -79,24 +80,27 @@ int main(int argc, char** argv) try {
       if (s.residual) residual.mutable_grad() = torch::Tensor();
       torch::Tensor y = torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.1, 1e-5, true);
       if (s.residual) y = y + residual;
-      torch::relu(y).backward(grad);
+      (s.relu ? torch::relu(y) : y).backward(grad);
     };
     const auto fused = [&] {
       x.mutable_grad() = torch::Tensor();
       if (s.residual) residual.mutable_grad() = torch::Tensor();
-      ddp::fused_batch_norm(x, weight, bias, running_mean, running_var, residual).backward(grad);
+      ddp::fused_batch_norm(x, weight, bias, running_mean, running_var, residual,
+                            ddp::FusedBatchNormOptions().relu(s.relu))
+          .backward(grad);
     };
     const double aten_ms = bench::best_ms_per_call(iterations, trials, aten);
     const double fused_ms = bench::best_ms_per_call(iterations, trials, fused);
     // The fused passes: forward reads x twice (+ residual), writes y; backward
     // reads dy, y and x twice each, writes dx (+ the residual's gradient).
     const double elements = static_cast<double>(x.numel()) * x.element_size();
-    const double bytes = elements * ((s.residual ? 4 : 3) + (s.residual ? 8 : 7));
+    // (Without ReLU neither backward pass reads y.)
+    const double bytes = elements * ((s.residual ? 4 : 3) + (s.residual ? 8 : 7) - (s.relu ? 0 : 2));
     const double gbps = bytes / fused_ms / 1e6;
     aten_total += aten_ms * s.count;
     fused_total += fused_ms * s.count;
     std::printf("| %s%s | %lld x %lld x %lld | %d | %.3f | %.3f | %.2fx | %.0f | %.0f%% |\n", s.where.c_str(),
-                s.residual ? " (+add, relu)" : " (relu)", static_cast<long long>(s.channels),
+                s.residual ? " (+add, relu)" : (s.relu ? " (relu)" : ""), static_cast<long long>(s.channels),
                 static_cast<long long>(s.side), static_cast<long long>(s.side), s.count, aten_ms, fused_ms,
                 aten_ms / fused_ms, gbps, 100 * gbps / copy_gbps);
   }

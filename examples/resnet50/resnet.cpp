@@ -1,5 +1,6 @@
 #include "resnet.h"
 
+#include <ddp/batch_norm.h>
 #include <ddp/sync_batch_norm.h>
 
 namespace resnet {
@@ -18,6 +19,23 @@ torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::Pro
   // Both start as the identity (weight 1, bias 0), as torchvision initialises BatchNorm.
   if (sync_group) return torch::nn::AnyModule(ddp::SyncBatchNorm(torch::nn::BatchNormOptions(channels), sync_group));
   return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
+}
+
+torch::Tensor normalize(torch::nn::AnyModule& norm, const torch::Tensor& x, const torch::Tensor& residual, bool relu,
+                        bool fused) {
+  auto* plain = norm.ptr()->as<torch::nn::BatchNorm2d>();
+  if (fused && plain != nullptr && plain->is_training() && plain->options.track_running_stats() &&
+      plain->options.momentum().has_value()) {
+    plain->num_batches_tracked += 1;  // as BatchNorm2d's own forward counts them
+    return ddp::fused_batch_norm(x, plain->weight, plain->bias, plain->running_mean, plain->running_var, residual,
+                                 ddp::FusedBatchNormOptions()
+                                     .momentum(plain->options.momentum().value())
+                                     .eps(plain->options.eps())
+                                     .relu(relu));
+  }
+  torch::Tensor y = norm.forward(x);
+  if (residual.defined()) y = y + residual;
+  return relu ? torch::relu(y) : y;
 }
 
 BottleneckImpl::BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride,
@@ -40,11 +58,14 @@ BottleneckImpl::BottleneckImpl(int64_t in_channels, int64_t width, int64_t strid
 }
 
 torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
-  torch::Tensor identity = downsample ? downsample->forward(x) : x;
-  torch::Tensor out = torch::relu(bn1.forward(conv1(x)));
-  out = torch::relu(bn2.forward(conv2(out)));
-  out = bn3.forward(conv3(out));
-  return torch::relu(out + identity);
+  torch::Tensor identity = x;
+  if (downsample) {
+    auto modules = downsample->begin();  // a convolution, then its BatchNorm (no ReLU)
+    identity = normalize(modules[1], modules[0].forward(x), {}, false, fused_batch_norm);
+  }
+  torch::Tensor out = normalize(bn1, conv1(x), {}, true, fused_batch_norm);
+  out = normalize(bn2, conv2(out), {}, true, fused_batch_norm);
+  return normalize(bn3, conv3(out), identity, true, fused_batch_norm);
 }
 
 ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
@@ -76,11 +97,18 @@ ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
 }
 
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
-  x = torch::relu(bn1.forward(conv1(x)));
+  x = normalize(bn1, conv1(x), {}, true, fused_batch_norm);
   x = torch::max_pool2d(x, 3, 2, 1);
   for (auto layer : {layer1, layer2, layer3, layer4}) x = layer->forward(x);
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc(x);
+}
+
+void ResNetImpl::set_fused_batch_norm(bool fused) {
+  fused_batch_norm = fused;
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* block = module->as<Bottleneck>()) block->fused_batch_norm = fused;
+  }
 }
 
 ResNet resnet50(int64_t num_classes, const std::shared_ptr<ddp::ProcessGroup>& sync_group) {

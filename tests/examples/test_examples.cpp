@@ -212,6 +212,7 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
       {TRAIN_RESNET50, {"--cuda-graph"}, "--cuda-graph records the step into a CUDA graph, which needs a CUDA device"},
       {TRAIN_LLAMA, {"--uneven", "pad"}, "--uneven must be drop or join, got 'pad'"},
+      {TRAIN_RESNET50, {"--bn", "cudnn"}, "--bn must be fused or aten, got 'cudnn'"},
   };
   for (const auto& c : cases) {
     const auto result = train(c.program, c.args, scratch);
