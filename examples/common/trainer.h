@@ -92,6 +92,16 @@ struct TrainingCallbacks {
   std::function<std::unique_ptr<ddp::Join>(const ddp::JoinOptions&)> join;
 };
 
+/// --uneven join: the uneven-tail callbacks from a data source (TokenSource,
+/// ImageSource) and the DDP model a Join wraps; both outlive the callbacks.
+template <typename Source, typename Model>
+void train_uneven_tails_under_join(TrainingCallbacks& callbacks, Source& source, Model& model) {
+  callbacks.uneven_step_next = [&source] { return source.uneven_step_next(); };
+  callbacks.has_step_here = [&source] { return source.has_step_here(); };
+  callbacks.skip_step = [&source] { source.skip_step(); };
+  callbacks.join = [&model](const ddp::JoinOptions& options) { return std::make_unique<ddp::Join>(model, options); };
+}
+
 class Trainer {
  public:
   Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::PrecisionPolicy& policy,

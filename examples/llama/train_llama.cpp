@@ -205,14 +205,7 @@ int main(int argc, char** argv) try {
   };
   callbacks.clip_grad_norm = [&](double max_norm) { ddp::clip_grad_norm_(ddp_model, max_norm); };
   callbacks.model_checkpointing = examples::model_checkpointing(ddp_model, *optimizer);
-  if (options.uneven_join) {
-    callbacks.uneven_step_next = [&] { return train_data->uneven_step_next(); };
-    callbacks.has_step_here = [&] { return train_data->has_step_here(); };
-    callbacks.skip_step = [&] { train_data->skip_step(); };
-    callbacks.join = [&](const ddp::JoinOptions& join_options) {
-      return std::make_unique<ddp::Join>(ddp_model, join_options);
-    };
-  }
+  if (options.uneven_join) examples::train_uneven_tails_under_join(callbacks, *train_data, ddp_model);
   callbacks.data_position = [&] { return std::vector<std::int64_t>{train_data->position()}; };
   callbacks.seek_data = [&](const std::vector<std::int64_t>& position) { train_data->seek(position.at(0)); };
   const std::int64_t eval_batches = flags.integer("eval-batches");
