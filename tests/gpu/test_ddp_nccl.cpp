@@ -16,6 +16,7 @@
 #include "support/captured_scenarios.h"
 #include "support/join_scenarios.h"
 #include "support/sparse_scenarios.h"
+#include "support/sync_batch_norm_scenarios.h"
 #include "support/ddp_scenarios.h"
 #include "support/sharding_scenarios.h"
 #include "support/multiprocess.h"
@@ -174,6 +175,15 @@ TEST(DdpNccl, JoinWithGradientShardingMatchesOneProcess) {
     s.divide_by_initial_world_size = false;
     s.steps_after_join = 1;
     ddp::testing::check_join_matches_one_process(init_nccl(), s);
+  }));
+}
+
+// SyncBatchNorm over NCCL: the Gloo suite's checks (different and empty batches, and under DDP).
+TEST(DdpNccl, SyncBatchNormMatchesOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_nccl();
+    ddp::testing::check_sync_batch_norm_matches_one_process(pg, {3, 0});
+    ddp::testing::check_sync_batch_norm_under_ddp_matches_one_process(pg);
   }));
 }
 
