@@ -44,6 +44,7 @@ write_basic_package_version_file("${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake"
   COMPATIBILITY SameMinorVersion)
 set(_ddp_package_files "${PROJECT_BINARY_DIR}/ddpConfig.cmake" "${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake")
 if(DDP_WITH_NCCL)
-  list(APPEND _ddp_package_files "${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake")
+  list(APPEND _ddp_package_files "${PROJECT_SOURCE_DIR}/cmake/FindNCCL.cmake"
+                                 "${PROJECT_SOURCE_DIR}/cmake/PythonPackagePrefix.cmake")
 endif()
 install(FILES ${_ddp_package_files} DESTINATION "${DDP_INSTALL_CMAKEDIR}")

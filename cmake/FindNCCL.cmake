@@ -20,16 +20,10 @@ if(CUDAToolkit_INCLUDE_DIRS)
     list(APPEND _nccl_hints "${_parent}")
   endforeach()
 endif()
-find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND)
-  execute_process(
-    COMMAND "${Python3_EXECUTABLE}" -c "import nvidia.nccl as m; print(list(m.__path__)[0])"
-    OUTPUT_VARIABLE _nccl_python_prefix
-    OUTPUT_STRIP_TRAILING_WHITESPACE
-    ERROR_QUIET)
-  if(_nccl_python_prefix)
-    list(APPEND _nccl_hints "${_nccl_python_prefix}")
-  endif()
+include(${CMAKE_CURRENT_LIST_DIR}/PythonPackagePrefix.cmake)
+ddp_python_package_prefix(nvidia.nccl _nccl_python_prefix)
+if(_nccl_python_prefix)
+  list(APPEND _nccl_hints "${_nccl_python_prefix}")
 endif()
 
 find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_hints} PATH_SUFFIXES include)

@@ -2,6 +2,9 @@
 // BatchNorm shapes of ResNet-50 at one batch, forward and backward, next to
 // the device's copy bandwidth measured in the same run: the kernels are
 // memory-bound, so bytes moved / time against a copy's is their efficiency.
+// Where cuDNN has its own fused BatchNorm + add + ReLU (the persistent NHWC
+// kernels of cudnnBatchNormalizationForwardTrainingEx), that runs too, checked
+// against the fused kernels' values.
 //
 //   fused_bn_bench [--batch 128] [--dtype bf16] [--iterations 50] [--trials 5]
 
@@ -14,6 +17,7 @@
 
 #include <ddp/ddp.h>
 
+#include "batchnorm/cudnn_bn_add_relu.h"
 #include "common/device_timing.h"
 #include "common/run_info.h"
 #include "flags.h"
@@ -41,11 +45,15 @@ const std::vector<Shape> kShapes{
 
 int main(int argc, char** argv) try {
   examples::Flags flags("fused_bn_bench", "ddp::fused_batch_norm against ATen on ResNet-50's BatchNorm shapes.");
-  flags.add("batch", "128", "images").add("dtype", "bf16", "bf16 | fp32").add("iterations", "50", "calls per trial");
+  flags.add("batch", "128", "images")
+      .add("dtype", "bf16", "bf16 | fp16 | fp32")
+      .add("iterations", "50", "calls per trial");
   flags.add("trials", "5", "trials (the best is kept)");
   flags.parse(argc, argv);
   const int64_t batch = flags.integer("batch");
-  const auto dtype = flags.str("dtype") == "fp32" ? torch::kFloat : torch::kBFloat16;
+  const std::string dtype_name = flags.str("dtype");
+  if (dtype_name != "bf16" && dtype_name != "fp16" && dtype_name != "fp32") flags.fail("--dtype: bf16, fp16 or fp32");
+  const auto dtype = dtype_name == "fp32" ? torch::kFloat : (dtype_name == "fp16" ? torch::kHalf : torch::kBFloat16);
   const int iterations = static_cast<int>(flags.integer("iterations"));
   const int trials = static_cast<int>(flags.integer("trials"));
   if (!torch::cuda::is_available()) flags.fail("needs a CUDA device");
@@ -61,9 +69,12 @@ int main(int argc, char** argv) try {
   const double copy_gbps = 2.0 * from.nbytes() / copy_ms / 1e6;
   std::printf("copy: %.0f GB/s\n\n", copy_gbps);
 
-  std::printf("| BatchNorm | C x H x W | n | ATen fwd+bwd (ms) | fused fwd+bwd (ms) | speed-up | fused GB/s | of copy |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
-  double aten_total = 0, fused_total = 0;
+  std::printf(
+      "| BatchNorm | C x H x W | n | ATen fwd+bwd (ms) | fused fwd+bwd (ms) | speed-up | fused GB/s | of copy | "
+      "cuDNN fused (ms) | cuDNN vs fused: largest difference of y, dx (relative) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  double aten_total = 0, fused_total = 0, cudnn_total = 0;
+  bool cudnn_everywhere = true;
   for (const Shape& s : kShapes) {
     const auto shape = std::vector<int64_t>{batch, s.channels, s.side, s.side};
     const auto nhwc = [&] { return torch::randn(shape, cuda.dtype(dtype)).contiguous(torch::MemoryFormat::ChannelsLast); };
@@ -99,13 +110,46 @@ int main(int argc, char** argv) try {
     const double gbps = bytes / fused_ms / 1e6;
     aten_total += aten_ms * s.count;
     fused_total += fused_ms * s.count;
-    std::printf("| %s%s | %lld x %lld x %lld | %d | %.3f | %.3f | %.2fx | %.0f | %.0f%% |\n", s.where.c_str(),
+
+    // cuDNN's fused path, on the same inputs; its values against the fused kernels'.
+    std::string cudnn_ms_text, cudnn_diff_text;
+    bench::CudnnBnAddRelu cudnn(x, s.residual, s.relu);
+    if (!cudnn.unsupported().empty()) {
+      cudnn_everywhere = false;
+      cudnn_ms_text = "not run: " + cudnn.unsupported();
+      cudnn_diff_text = "—";
+    } else {
+      const torch::Tensor w = weight.detach(), b = bias.detach(), z = s.residual ? residual.detach() : torch::Tensor();
+      const torch::Tensor mean = running_mean.clone(), var = running_var.clone();
+      const double cudnn_ms = bench::best_ms_per_call(
+          iterations, trials, [&] { cudnn.forward_backward(x.detach(), z, grad, w, b, mean, var); });
+      cudnn_total += cudnn_ms * s.count;
+      x.mutable_grad() = torch::Tensor();
+      const torch::Tensor y = ddp::fused_batch_norm(x, weight, bias, running_mean.clone(), running_var.clone(),
+                                                    residual, ddp::FusedBatchNormOptions().relu(s.relu));
+      y.backward(grad);
+      const auto relative = [](const torch::Tensor& a, const torch::Tensor& reference) {
+        return ((a.to(torch::kFloat) - reference.to(torch::kFloat)).abs().max() /
+                reference.to(torch::kFloat).abs().max().clamp_min(1e-30))
+            .item<double>();
+      };
+      cudnn_ms_text = fmt::format("{:.3f}", cudnn_ms);
+      cudnn_diff_text =
+          fmt::format("{:.2g}, {:.2g}", relative(cudnn.output(), y.detach()), relative(cudnn.grad_input(), x.grad()));
+    }
+    std::printf("| %s%s | %lld x %lld x %lld | %d | %.3f | %.3f | %.2fx | %.0f | %.0f%% | %s | %s |\n", s.where.c_str(),
                 s.residual ? " (+add, relu)" : (s.relu ? " (relu)" : ""), static_cast<long long>(s.channels),
                 static_cast<long long>(s.side), static_cast<long long>(s.side), s.count, aten_ms, fused_ms,
-                aten_ms / fused_ms, gbps, 100 * gbps / copy_gbps);
+                aten_ms / fused_ms, gbps, 100 * gbps / copy_gbps, cudnn_ms_text.c_str(), cudnn_diff_text.c_str());
   }
-  std::printf("\nall %d BatchNorms of a step (each shape x n): ATen %.2f ms, fused %.2f ms, %.2fx\n", 53, aten_total,
+  std::printf("\nall %d BatchNorms of a step (each shape x n): ATen %.2f ms, fused %.2f ms, %.2fx", 53, aten_total,
               fused_total, aten_total / fused_total);
+  if (cudnn_everywhere) {
+    std::printf("; cuDNN's fused path %.2f ms (fused kernels / cuDNN: %.2fx)", cudnn_total, cudnn_total / fused_total);
+  } else {
+    std::printf("; cuDNN's fused path does not run every shape (see the table)");
+  }
+  std::printf("\n");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "fused_bn_bench: error: %s\n", e.what());

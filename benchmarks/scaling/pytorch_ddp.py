@@ -67,6 +67,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 RESNET50_PARAMETERS = 25_557_032
 
 # vocab_size, dim, n_layers, n_heads, n_kv_heads, ffn_hidden, max_seq_len: LlamaConfig::preset.
+# torch.compile's mode -> the implementation the result row names (run_scaling.py's --impls).
+COMPILE_IMPLS = {"default": "pytorch-compile", "reduce-overhead": "pytorch-compile-graphs"}
+
 LLAMA_PRESETS = {
     "tiny": (256, 64, 2, 4, 2, 176, 64),
     "tinyllama-1.1b": (32000, 2048, 22, 32, 4, 5632, 2048),
@@ -295,10 +298,11 @@ def parse_args():
     parser.add_argument("--reduce-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="dtype the gradients are all-reduced in; bf16 registers PyTorch's bf16_compress_hook "
                         "(only where there is more than one process), as scaling_bench --reduce-dtype")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the DDP-wrapped model (default mode; DDP's optimizer splits the graph at "
-                        "bucket boundaries so that the all-reduces still overlap backward); compilation happens in "
-                        "the first warm-up step, which is timed apart (compile_s)")
+    parser.add_argument("--compile", nargs="?", const="default", choices=COMPILE_IMPLS,
+                        help="torch.compile the DDP-wrapped model in this mode (default: the default mode; "
+                        "reduce-overhead adds CUDA graphs). DDP's optimizer splits the graph at bucket boundaries so "
+                        "that the all-reduces still overlap backward; compilation happens in the first warm-up step, "
+                        "which is timed apart (compile_s)")
     parser.add_argument("--profile-trace", help="after the timed steps, profile one more and write its Chrome trace here "
                         "(rank 0), as scaling_bench --profile-trace")
     args = parser.parse_args()
@@ -317,6 +321,8 @@ def parse_args():
             parser.error(f"--seq must be in [1, {max_seq_len}] for preset {args.preset}")
     if args.batch < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--batch and --steps must be at least 1, --warmup not negative")
+    if args.compile == "reduce-overhead" and args.device != "cuda":
+        parser.error("--compile reduce-overhead records CUDA graphs: it needs --device cuda")
     if args.compile and args.warmup < 1:
         parser.error("--compile needs --warmup of at least 1: the first step compiles and is not timed")
     if args.image_size is not None and args.image_size < 32:
@@ -435,9 +441,11 @@ def run(args, rank, world_size, device):
     if args.reduce_dtype == "bf16" and world_size > 1:
         ddp_model.register_comm_hook(None, default_hooks.bf16_compress_hook)
     if args.compile:
-        ddp_model = torch.compile(ddp_model)
+        ddp_model = torch.compile(ddp_model, mode=args.compile)
 
     def step(clock=None, index=0):
+        if args.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
         if clock:
             clock.mark(index, 0)
         with autocast:
@@ -533,7 +541,7 @@ def main():
                             **({"device_id": device} if device.type == "cuda" else {}))
 
     row = {
-        "impl": "pytorch-compile" if args.compile else "pytorch",
+        "impl": COMPILE_IMPLS[args.compile] if args.compile else "pytorch",
         "model": args.model,
         "preset": args.preset,
         "precision": args.precision,

@@ -38,8 +38,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 PRECISIONS = {"resnet50": ("tf32", "bf16"), "llama": ("tf32", "bf16", "fp8")}
-IMPLS = ("libddp", "libddp-graph", "pytorch", "pytorch-compile")
-IMPL_TITLES = {"libddp": "libddp", "libddp-graph": "libddp graph", "pytorch": "PyTorch", "pytorch-compile": "compiled"}
+IMPLS = ("libddp", "libddp-graph", "libddp-unfused", "pytorch", "pytorch-compile", "pytorch-compile-graphs")
+IMPL_TITLES = {"libddp": "libddp", "libddp-graph": "libddp graph", "libddp-unfused": "libddp unfused",
+               "pytorch": "PyTorch", "pytorch-compile": "compiled", "pytorch-compile-graphs": "compiled graphs"}
+LIBDDP_IMPLS = ("libddp", "libddp-graph", "libddp-unfused")
 # Per-rank work: the sizes issue #7 asks for, and CPU-sized ones for --quick.
 FULL = {
     "resnet50": {"batch": 128, "image_size": 224},
@@ -50,6 +52,9 @@ QUICK = {
     "llama": {"batch": 2, "preset": "tiny", "seq": 64},
 }
 MODEL_TITLES = {"resnet50": "ResNet-50", "llama": "LLaMA"}
+# What libddp fuses in each model, and where (the rows' "fused_kernels").
+FUSED_OPS = {"resnet50": ("BatchNorm, residual add and ReLU", "ddp::fused_batch_norm"),
+             "llama": ("RMSNorm, RoPE and SwiGLU", "examples/llama/fused_kernels.cu")}
 
 
 def parse_args():
@@ -66,12 +71,12 @@ def parse_args():
                                              "(default: resnet50 tf32,bf16; llama tf32,bf16,fp8)")
     parser.add_argument("--impls", default="libddp,pytorch,pytorch-compile",
                         help="libddp-graph: libddp's step recorded into a CUDA graph and replayed (scaling_bench "
-                             "--cuda-graph, GPUs only); pytorch: PyTorch DDP in eager mode; pytorch-compile: the same "
-                             "under torch.compile "
-                             "(compilation, a minute or two per run on a GPU, is excluded from the timing)")
-    parser.add_argument("--libddp-unfused", action="store_true",
-                        help="LLaMA: libddp runs RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch runs "
-                             "(scaling_bench --unfused), so that the ratio compares the DDP runtimes alone")
+                             "--cuda-graph, GPUs only); libddp-unfused: libddp's eager step with LLaMA's RMSNorm, "
+                             "RoPE and SwiGLU and ResNet-50's BatchNorm, add and ReLU as the ATen ops PyTorch runs "
+                             "(scaling_bench --unfused), which compares the DDP runtimes alone; pytorch: PyTorch DDP "
+                             "in eager mode; pytorch-compile: the same under torch.compile (compilation, a minute or "
+                             "two per run on a GPU, is excluded from the timing); pytorch-compile-graphs: "
+                             "torch.compile's mode reduce-overhead (CUDA graphs, GPUs only)")
     parser.add_argument("--fp8-fast-accum", action="store_true",
                         help="libddp's fp8 rows use cuBLAS fast accumulation in the forward matmuls "
                              "(scaling_bench --fp8-fast-accum), as Transformer Engine's and torchao's recipes do")
@@ -93,8 +98,9 @@ def parse_args():
         return args
     args.models = split(args.models, PRECISIONS, "--models")
     args.impls = split(args.impls, IMPLS, "--impls")
-    if args.device == "cpu" and "libddp-graph" in args.impls:
-        parser.error("--impls libddp-graph records the step into a CUDA graph: it needs --device cuda")
+    graphs = [impl for impl in ("libddp-graph", "pytorch-compile-graphs") if impl in args.impls]
+    if args.device == "cpu" and graphs:
+        parser.error(f"--impls {','.join(graphs)} record the step into CUDA graphs: they need --device cuda")
     args.precisions = split(args.precisions, ("fp32", "tf32", "bf16", "fp8"), "--precisions") if args.precisions else None
     args.steps = args.steps or (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
@@ -197,8 +203,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
                    "--reduce-dtype", args.reduce_dtype]
     if args.device == "cpu":  # both sides default to the GPUs
         bench_args += ["--device", "cpu"]
-    if impl in ("libddp", "libddp-graph"):
-        if model == "llama" and args.libddp_unfused:
+    if impl in LIBDDP_IMPLS:
+        if impl == "libddp-unfused":
             bench_args.append("--unfused")
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
@@ -208,7 +214,9 @@ def command_for(impl, model, precision, gpus, args, json_path):
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
                 os.path.join(args.build, "benchmarks", "scaling", "scaling_bench")] + bench_args
     if impl == "pytorch-compile":
-        bench_args.append("--compile")
+        bench_args += ["--compile", "default"]
+    if impl == "pytorch-compile-graphs":
+        bench_args += ["--compile", "reduce-overhead"]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus),
             os.path.join(HERE, "pytorch_ddp.py")] + bench_args
 
@@ -304,12 +312,12 @@ def derive(rows, peak_tflops):
         row["mfu"] = tflops / peak_tflops if tflops is not None and peak_tflops else None
     comparisons = []
     for row in rows:
-        if row["impl"] != "libddp" or not measured(row):
+        if row["impl"] not in LIBDDP_IMPLS or not measured(row):
             continue
         for other in rows:
-            if other["impl"] != "libddp" and measured(other) and all(
+            if other["impl"] not in LIBDDP_IMPLS and measured(other) and all(
                     other[k] == row[k] for k in ("model", "preset", "precision", "gpus")):
-                comparisons.append({key: row[key] for key in ("model", "preset", "precision", "gpus")} | {
+                comparisons.append({key: row[key] for key in ("impl", "model", "preset", "precision", "gpus")} | {
                     "against": other["impl"], "libddp_throughput": row["throughput"],
                     "other_throughput": other["throughput"], "ratio": row["throughput"] / other["throughput"]})
     return comparisons
@@ -370,14 +378,16 @@ def markdown(report, args):
         unit = "img/s" if model == "resnet50" else "tok/s"
         config = (QUICK if args.quick else FULL)[model]
         lines += ["", "## " + model_heading(model, config, unit), ""]
-        fused = {r.get("fused_kernels") for r in rows if r["impl"] == "libddp" and measured(r)}
+        fused = {r.get("fused_kernels") for r in rows if r["impl"] in ("libddp", "libddp-graph") and measured(r)}
+        ops, kernels = FUSED_OPS[model]
         if True in fused:
-            lines += ["libddp ran RMSNorm, RoPE and SwiGLU as its fused CUDA kernels "
-                      "(examples/llama/fused_kernels.cu), PyTorch as stock ATen ops: the ratio includes that "
-                      "difference as well as the runtimes'. `--libddp-unfused` compares the runtimes alone.", ""]
+            lines += [f"libddp ran {ops} as its fused CUDA kernels ({kernels}), PyTorch as stock ATen ops: the "
+                      "ratio includes that difference as well as the runtimes'. The `libddp unfused` rows "
+                      "(`--impls libddp-unfused`) run the same ATen ops as PyTorch and compare the runtimes alone.",
+                      ""]
         elif False in fused:
-            why = "`--libddp-unfused`" if args.libddp_unfused else "this device or build has no fused kernels"
-            lines += [f"libddp ran RMSNorm, RoPE and SwiGLU as the same ATen ops as PyTorch ({why}).", ""]
+            lines += [f"libddp ran {ops} as the same ATen ops as PyTorch (this device or build has no fused "
+                      "kernels).", ""]
         if args.fp8_fast_accum and any(r["precision"] == "fp8" for r in rows):
             lines += ["The fp8 rows used cuBLAS fast accumulation in the forward matmuls (`--fp8-fast-accum`).", ""]
         if args.sharding != "none":
@@ -388,14 +398,16 @@ def markdown(report, args):
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "
                       "nothing.", ""]
         others = [impl for impl in IMPLS if impl != "libddp" and impl in args.impls]
+        pairs = [(mine, theirs) for mine in ("libddp", *others) if mine in LIBDDP_IMPLS
+                 for theirs in others if theirs not in LIBDDP_IMPLS]
         header = ["precision", "GPUs", f"libddp {unit}"]
         header += [f"{IMPL_TITLES[impl]} {unit}" for impl in others]
-        header += [f"libddp / {IMPL_TITLES[impl]}" for impl in others]
+        header += [f"{IMPL_TITLES[mine]} / {IMPL_TITLES[theirs]}" for mine, theirs in pairs]
         header += [f"{IMPL_TITLES[impl]} eff" for impl in ("libddp", *others)]
         header += ["libddp fwd / bwd / comm / opt ms"] + [f"{IMPL_TITLES[impl]} fwd / bwd / opt ms" for impl in others]
         header += ["peak GiB " + " / ".join(IMPL_TITLES[impl] for impl in ("libddp", *others))]
-        if "pytorch-compile" in others:
-            header += ["compile s"]
+        compiled = [impl for impl in others if impl.startswith("pytorch-compile")]
+        header += [f"{IMPL_TITLES[impl]}: compile s" for impl in compiled]
         if model == "llama":
             header += [f"{IMPL_TITLES[impl]} TFLOP/s (MFU)" for impl in ("libddp", *others)]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -419,9 +431,9 @@ def markdown(report, args):
                     return "n/a"
                 return show(row.get(key))
 
-            def ratio(impl):
-                found = next((c["ratio"] for c in report["comparisons"] if c["model"] == model
-                              and c["precision"] == precision and c["gpus"] == gpus and c["against"] == impl), None)
+            def ratio(mine, theirs):
+                found = next((c["ratio"] for c in report["comparisons"] if c["model"] == model and c["impl"] == mine
+                              and c["precision"] == precision and c["gpus"] == gpus and c["against"] == theirs), None)
                 return "—" if found is None else f"{found:.3f}"
 
             def phases(row, keys):
@@ -429,13 +441,12 @@ def markdown(report, args):
 
             line = [precision, str(gpus), throughput_cell(lib)]
             line += [throughput_cell(cell[impl]) for impl in others]
-            line += [ratio(impl) for impl in others]
+            line += [ratio(mine, theirs) for mine, theirs in pairs]
             line += [value(cell[impl], "scaling_efficiency", percent) for impl in ("libddp", *others)]
             line += [phases(lib, ("forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms"))]
             line += [phases(cell[impl], ("forward_ms", "backward_ms", "optimizer_ms")) for impl in others]
             line += [" / ".join(value(cell[impl], "peak_mem_gib") for impl in ("libddp", *others))]
-            if "pytorch-compile" in others:
-                line += [value(cell["pytorch-compile"], "compile_s")]
+            line += [value(cell[impl], "compile_s") for impl in compiled]
             if model == "llama":
                 line += [value(cell[impl], "tflops_per_gpu", lambda v, r=cell[impl]: f"{fmt(v)} ({percent(r.get('mfu'))})")
                          for impl in ("libddp", *others)]
@@ -450,7 +461,8 @@ def markdown(report, args):
 # --------------------------------------------------------------------------- SVG
 
 COLORS = {"fp32": "#7f7f7f", "tf32": "#1f77b4", "bf16": "#d62728", "fp8": "#2ca02c"}
-DASHES = {"libddp": "none", "libddp-graph": "8,2,2,2", "pytorch": "6,4", "pytorch-compile": "2,3"}
+DASHES = {"libddp": "none", "libddp-graph": "8,2,2,2", "libddp-unfused": "4,2", "pytorch": "6,4",
+          "pytorch-compile": "2,3", "pytorch-compile-graphs": "1,2"}
 PANEL_W, PANEL_H = 430, 250
 MARGIN = {"left": 72, "right": 18, "top": 34, "bottom": 46}
 
@@ -595,7 +607,7 @@ def main():
                             continue
                         rows.append(run_one(impl, model, precision, gpus, args, workdir))
 
-    libtorch = sorted({r["torch_version"] for r in rows if r["impl"] == "libddp" and r.get("torch_version")})
+    libtorch = sorted({r["torch_version"] for r in rows if r["impl"] in LIBDDP_IMPLS and r.get("torch_version")})
     run = {"date_utc": f"{date:%Y-%m-%d %H:%M} UTC", "commit": git_commit(), "device": args.device,
            "libtorch_version": ", ".join(libtorch) or None, "python_version": platform.python_version(),
            "steps": args.steps, "warmup": args.warmup, "quick": args.quick,

@@ -230,6 +230,7 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   const auto device = process_group->device();
   const std::int64_t image = flags.integer("image-size");
   auto model = resnet::resnet50();
+  model->set_fused_batch_norm(!flags.on("unfused"));
   model->to(device);
   resnet::to_channels_last(*model);
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<resnet::ResNet>>(model, process_group, options);
@@ -250,8 +251,8 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format(
       "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
-      "\"fp8_fast_accum\": null, \"fused_kernels\": null",
-      image);
+      "\"fp8_fast_accum\": null, \"fused_kernels\": {}",
+      image, !flags.on("unfused") && ddp::fused_batch_norm_kernels_built() && device.is_cuda());
   return workload;
 }
 
@@ -343,7 +344,8 @@ int main(int argc, char** argv) try {
            "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
            "bf16_compress_hook; only where there is more than one process)")
       .add_switch("unfused",
-                  "LLaMA: RMSNorm, RoPE and SwiGLU as the ATen ops PyTorch's reference runs, not fused kernels")
+                  "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE and SwiGLU, "
+                  "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm)")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add_switch("cuda-graph",
                   "record the step into a CUDA graph after the warm-up and replay it (ddp::CapturedStep); "

@@ -20,7 +20,8 @@
 
 namespace examples {
 
-void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup) {
+void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup,
+                       const std::string& default_cuda_graph) {
   flags.add("steps", std::to_string(default_steps), "optimizer steps of the run")
       .add("lr", fmt::format("{}", default_lr), "peak learning rate, reached after the warmup")
       .add("min-lr", "0", "learning rate at the end of the cosine decay")
@@ -41,9 +42,10 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
            "an epoch's windows or images left over after the last step every rank takes: drop them, or join: deal "
            "them out as one more step to as many ranks as they fill, the others meeting its collectives "
            "(ddp::Join, eager steps)")
-      .add_switch("cuda-graph",
-                  "record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after at "
-                  "least 3 eager steps and replay it: one launch per step (GPU only)");
+      .add("cuda-graph", default_cuda_graph,
+           "on: record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after at "
+           "least 3 eager steps and replay it, one launch per step (GPU only); off: eager steps; auto: on with a "
+           "CUDA device unless --uneven join");
 }
 
 TrainerOptions trainer_options(const Flags& flags) {
@@ -54,12 +56,23 @@ TrainerOptions trainer_options(const Flags& flags) {
   options.warmup_steps = flags.integer("warmup");
   options.grad_accum = flags.integer("grad-accum");
   options.clip_grad_norm = flags.real("clip-grad-norm");
-  options.cuda_graph = flags.on("cuda-graph");
+  const std::string cuda_graph = flags.str("cuda-graph");
+  if (cuda_graph == "on") {
+    options.cuda_graph = TrainerOptions::CudaGraph::kOn;
+  } else if (cuda_graph == "off") {
+    options.cuda_graph = TrainerOptions::CudaGraph::kOff;
+  } else if (cuda_graph == "auto") {
+    options.cuda_graph = TrainerOptions::CudaGraph::kAuto;
+  } else {
+    flags.fail(fmt::format("--cuda-graph must be on, off or auto, got '{}'", cuda_graph));
+  }
   const std::string uneven = flags.str("uneven");
   if (uneven != "drop" && uneven != "join") flags.fail(fmt::format("--uneven must be drop or join, got '{}'", uneven));
   options.uneven_join = uneven == "join";
-  if (options.uneven_join && options.cuda_graph) {
-    flags.fail("--uneven join trains the uneven steps eagerly under ddp::Join; drop --cuda-graph or use --uneven drop");
+  if (options.uneven_join && options.cuda_graph == TrainerOptions::CudaGraph::kOn) {
+    flags.fail(
+        "--uneven join trains the uneven steps eagerly under ddp::Join; use --cuda-graph off or auto, or --uneven "
+        "drop");
   }
   options.log_every = flags.integer("log-every");
   options.checkpoint = flags.str("checkpoint");
@@ -95,10 +108,14 @@ Trainer::Trainer(std::shared_ptr<ddp::ProcessGroup> process_group, const ddp::Pr
       policy_(policy),
       optimizer_(optimizer),
       options_(std::move(options)),
+      captured_(options_.cuda_graph == TrainerOptions::CudaGraph::kOn ||
+                (options_.cuda_graph == TrainerOptions::CudaGraph::kAuto && process_group_->device().is_cuda() &&
+                 !options_.uneven_join)),
       scaler_(ddp::GradScaler::for_policy(policy, process_group_)) {
-  if (options_.cuda_graph && !process_group_->device().is_cuda()) {
+  if (captured_ && !process_group_->device().is_cuda()) {
     throw ddp::UsageError(
-        "--cuda-graph records the step into a CUDA graph, which needs a CUDA device; drop it on the CPU");
+        "--cuda-graph on records the step into a CUDA graph, which needs a CUDA device; use --cuda-graph off or auto "
+        "on the CPU");
   }
 }
 
@@ -172,7 +189,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   };
   // One optimizer step over the micro-batches' tensors, laid end to end.
   const auto train_step = [&](const std::vector<at::Tensor>& inputs) {
-    if (options_.cuda_graph) {
+    if (captured_) {
       zero_gradients_in_place(optimizer_);
     } else {
       optimizer_.zero_grad();
@@ -188,7 +205,7 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
     return loss;
   };
   std::optional<ddp::CapturedStep> captured;
-  if (options_.cuda_graph) {
+  if (captured_) {
     captured.emplace(optimizer_, train_step, ddp::CapturedStepOptions().process_group(process_group_));
   }
 

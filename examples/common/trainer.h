@@ -44,18 +44,21 @@ struct TrainerOptions {
   std::string unit;                  ///< "img/s" or "tok/s".
   double items_per_micro_batch = 0;  ///< Images or tokens per micro-batch and rank.
   std::string fingerprint;           ///< What a checkpoint must match to be resumed.
-  /// Records the whole step (micro-batches, clipping, loss scaling, the
+  /// kOn records the whole step (micro-batches, clipping, loss scaling, the
   /// optimizer) into a CUDA graph after a few eager steps and replays it
-  /// (ddp::CapturedStep).
-  bool cuda_graph = false;
+  /// (ddp::CapturedStep); kAuto does so on a CUDA device unless the steps
+  /// are uneven (uneven_join trains eagerly).
+  enum class CudaGraph { kOff, kOn, kAuto };
+  CudaGraph cuda_graph = CudaGraph::kOff;
   /// --uneven join: an epoch's leftover data makes one more step for some
   /// ranks, trained under ddp::Join (the example wires the callbacks).
   bool uneven_join = false;
 };
 
 /// Declares the flags of TrainerOptions, with the example's defaults for the
-/// learning rate and the step counts.
-void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup);
+/// learning rate, the step counts and --cuda-graph (on, off or auto).
+void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup,
+                       const std::string& default_cuda_graph);
 /// Reads them back (unit, items and fingerprint are the example's to set).
 TrainerOptions trainer_options(const Flags& flags);
 
@@ -118,6 +121,7 @@ class Trainer {
   ddp::PrecisionPolicy policy_;
   torch::optim::Optimizer& optimizer_;
   TrainerOptions options_;
+  bool captured_;  ///< options_.cuda_graph resolved for the device.
   ddp::GradScaler scaler_;
 };
 

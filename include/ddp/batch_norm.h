@@ -41,4 +41,8 @@ DDP_API at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& w
                                     const at::Tensor& running_mean, const at::Tensor& running_var,
                                     const at::Tensor& residual = {}, const FusedBatchNormOptions& options = {});
 
+/// Whether this libddp was built with fused_batch_norm's CUDA kernels
+/// (LibTorch >= 2.1 with CUDA); without them every call runs ATen's ops.
+DDP_API bool fused_batch_norm_kernels_built();
+
 }  // namespace ddp

@@ -94,6 +94,14 @@ void check_arguments(const at::Tensor& input, const at::Tensor& weight, const at
 
 }  // namespace
 
+bool fused_batch_norm_kernels_built() {
+#ifdef DDP_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
 at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& running_mean, const at::Tensor& running_var, const at::Tensor& residual,
                             const FusedBatchNormOptions& options) {

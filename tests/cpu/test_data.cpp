@@ -605,6 +605,51 @@ TEST(SyntheticImages, DeterministicPerRankAndStep) {
   EXPECT_TRUE(at::equal(again.next().images, drawn[9].images));
 }
 
+// ---------------------------------------------------------------- make_images
+
+// The classes must differ in what the loader keeps (stripe period and tint
+// survive crops and flips): the mean colour of a class's images differs from
+// another's by more than the spread within a class would allow.
+TEST_F(DataTest, MakeImagesWritesLearnableClasses) {
+  const std::string command = std::string(DATA_TEST_MAKE_IMAGES) + " --classes 3 --train 60 --val 9 --size 32";
+  ToolRun result = run(command + " --output " + path("a"));
+  ASSERT_EQ(result.status, 0) << result.output;
+  const data::ImageShardDataset train(path("a"), "train"), val(path("a"), "val");
+  EXPECT_EQ(train.size(), 60);
+  EXPECT_EQ(val.size(), 9);
+  EXPECT_EQ(train.height(), 32);
+  ASSERT_EQ(train.class_names().size(), 3u);
+  std::vector<std::array<double, 3>> mean(3, {0, 0, 0});
+  std::vector<int> count(3, 0);
+  for (std::int64_t i = 0; i < train.size(); ++i) {
+    const std::int32_t label = train.label(i);
+    ASSERT_TRUE(label >= 0 && label < 3);
+    ++count[label];
+    for (std::int64_t p = 0; p < 32 * 32; ++p) {
+      for (int k = 0; k < 3; ++k) mean[label][k] += train.pixels(i)[p * 3 + k] / (255.0 * 32 * 32);
+    }
+  }
+  for (int c = 0; c < 3; ++c) {
+    ASSERT_GT(count[c], 5) << "class " << c;
+    for (double& m : mean[c]) m /= count[c];
+  }
+  for (int a = 0; a < 3; ++a) {
+    for (int b = a + 1; b < 3; ++b) {
+      double distance = 0;
+      for (int k = 0; k < 3; ++k) distance += std::abs(mean[a][k] - mean[b][k]);
+      EXPECT_GT(distance, 0.1) << "classes " << a << " and " << b << " look alike";
+    }
+  }
+  // The seed decides every byte.
+  result = run(command + " --output " + path("b"));
+  ASSERT_EQ(result.status, 0) << result.output;
+  const data::ImageShardDataset again(path("b"), "train");
+  EXPECT_EQ(std::memcmp(train.pixels(0), again.pixels(0), 32 * 32 * 3 * 60), 0);
+  result = run(std::string(DATA_TEST_MAKE_IMAGES) + " --classes 1 --output " + path("c"));
+  EXPECT_EQ(result.status, 2) << result.output;
+  EXPECT_NE(result.output.find("--classes must be in [2, 1000]"), std::string::npos) << result.output;
+}
+
 // ---------------------------------------------------------- convert_imagefolder
 
 #ifdef DATA_TEST_CONVERT_IMAGEFOLDER

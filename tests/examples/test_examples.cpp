@@ -210,7 +210,11 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
-      {TRAIN_RESNET50, {"--cuda-graph"}, "--cuda-graph records the step into a CUDA graph, which needs a CUDA device"},
+      {TRAIN_RESNET50,
+       {"--cuda-graph", "on"},
+       "--cuda-graph on records the step into a CUDA graph, which needs a CUDA"},
+      {TRAIN_RESNET50, {"--cuda-graph", "yes"}, "--cuda-graph must be on, off or auto, got 'yes'"},
+      {TRAIN_LLAMA, {"--uneven", "join", "--cuda-graph", "on"}, "--uneven join trains the uneven steps eagerly"},
       {TRAIN_LLAMA, {"--uneven", "pad"}, "--uneven must be drop or join, got 'pad'"},
       {TRAIN_RESNET50, {"--bn", "cudnn"}, "--bn must be fused or aten, got 'cudnn'"},
   };
