@@ -40,7 +40,6 @@ CudnnBnAddRelu::CudnnBnAddRelu(const at::Tensor& input, bool residual, bool relu
   const auto n = static_cast<int>(input.size(0)), c = static_cast<int>(input.size(1));
   const auto h = static_cast<int>(input.size(2)), w = static_cast<int>(input.size(3));
   CUDNN_CHECK(cudnnCreate(&s.handle));
-  CUDNN_CHECK(cudnnSetStream(s.handle, c10::cuda::getCurrentCUDAStream().stream()));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&s.data));
   CUDNN_CHECK(cudnnSetTensor4dDescriptor(s.data, CUDNN_TENSOR_NHWC, data_type(input.scalar_type()), n, c, h, w));
   CUDNN_CHECK(cudnnCreateTensorDescriptor(&s.per_channel));
@@ -100,6 +99,7 @@ void CudnnBnAddRelu::forward_backward(const at::Tensor& x, const at::Tensor& z, 
   const double eps = 1e-5, momentum = 0.1;
   const cudnnActivationDescriptor_t activation = s.ops == CUDNN_BATCHNORM_OPS_BN ? nullptr : s.activation;
   const bool residual = z.defined();
+  CUDNN_CHECK(cudnnSetStream(s.handle, c10::cuda::getCurrentCUDAStream().stream()));  // recorded into a graph too
   CUDNN_CHECK(cudnnBatchNormalizationForwardTrainingEx(
       s.handle, CUDNN_BATCHNORM_SPATIAL_PERSISTENT, s.ops, &one, &zero, s.data, x.data_ptr(),
       residual ? s.data : nullptr, residual ? z.data_ptr() : nullptr, s.data, s.y.data_ptr(), s.per_channel,
