@@ -6,9 +6,9 @@
 // and replayed (bench::best_graph_ms_per_call), so that autograd's host work
 // and the launches, which a captured training step does not pay, do not hide
 // the small shapes' kernels.
-// Where cuDNN has its own fused BatchNorm + add + ReLU (the persistent NHWC
-// kernels of cudnnBatchNormalizationForwardTrainingEx), that runs too, checked
-// against the fused kernels' values.
+// Three paths of ddp::fused_batch_norm: ATen's separate ops, libddp's own
+// kernels and cuDNN's fused NHWC kernels (with cuDNN's values checked against
+// libddp's).
 //
 //   fused_bn_bench [--batch 128] [--dtype bf16] [--iterations 50] [--trials 5]
 
@@ -21,7 +21,6 @@
 
 #include <ddp/ddp.h>
 
-#include "batchnorm/cudnn_bn_add_relu.h"
 #include "common/device_timing.h"
 #include "common/run_info.h"
 #include "flags.h"
@@ -74,11 +73,13 @@ int main(int argc, char** argv) try {
   std::printf("copy: %.0f GB/s\n\n", copy_gbps);
 
   std::printf(
-      "| BatchNorm | C x H x W | n | ATen fwd+bwd (ms) | fused fwd+bwd (ms) | speed-up | fused GB/s | of copy | "
-      "cuDNN fused (ms) | cuDNN vs fused: largest difference of y, dx (relative) |\n");
+      "| BatchNorm | C x H x W | n | ATen (ms) | libddp's kernels (ms) | cuDNN's (ms) | libddp speed-up | cuDNN "
+      "speed-up | libddp's of copy | cuDNN vs libddp: largest difference of y, dx (relative) |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-  double aten_total = 0, fused_total = 0, cudnn_total = 0;
-  bool cudnn_everywhere = true;
+  // ddp::fused_batch_norm's paths: ATen's ops, libddp's kernels, cuDNN's.
+  constexpr ddp::FusedBatchNormPath kPaths[3] = {ddp::FusedBatchNormPath::kAten, ddp::FusedBatchNormPath::kLibddp,
+                                                 ddp::FusedBatchNormPath::kCudnn};
+  double totals[3] = {0, 0, 0};
   for (const Shape& s : kShapes) {
     const auto shape = std::vector<int64_t>{batch, s.channels, s.side, s.side};
     const auto nhwc = [&] { return torch::randn(shape, cuda.dtype(dtype)).contiguous(torch::MemoryFormat::ChannelsLast); };
@@ -90,70 +91,47 @@ int main(int argc, char** argv) try {
     const torch::Tensor running_mean = torch::zeros({s.channels}, cuda);
     const torch::Tensor running_var = torch::ones({s.channels}, cuda);
     // Gradients are dropped after each call, so none is accumulated into.
-    const auto aten = [&] {
-      x.mutable_grad() = torch::Tensor();
-      if (s.residual) residual.mutable_grad() = torch::Tensor();
-      torch::Tensor y = torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.1, 1e-5, true);
-      if (s.residual) y = y + residual;
-      (s.relu ? torch::relu(y) : y).backward(grad);
-    };
-    const auto fused = [&] {
+    const auto call = [&](ddp::FusedBatchNormPath path) {
       x.mutable_grad() = torch::Tensor();
       if (s.residual) residual.mutable_grad() = torch::Tensor();
       ddp::fused_batch_norm(x, weight, bias, running_mean, running_var, residual,
-                            ddp::FusedBatchNormOptions().relu(s.relu))
+                            ddp::FusedBatchNormOptions().relu(s.relu).path(path))
           .backward(grad);
     };
-    const double aten_ms = bench::best_graph_ms_per_call(iterations, trials, aten);
-    const double fused_ms = bench::best_graph_ms_per_call(iterations, trials, fused);
-    // The fused passes: forward reads x twice (+ residual), writes y; backward
+    double ms[3];
+    for (int p = 0; p < 3; ++p) {
+      ms[p] = bench::best_graph_ms_per_call(iterations, trials, [&] { call(kPaths[p]); });
+      totals[p] += ms[p] * s.count;
+    }
+    // libddp's passes: forward reads x twice (+ residual), writes y; backward
     // reads dy, y and x twice each, writes dx (+ the residual's gradient).
     const double elements = static_cast<double>(x.numel()) * x.element_size();
     // (Without ReLU neither backward pass reads y.)
     const double bytes = elements * ((s.residual ? 4 : 3) + (s.residual ? 8 : 7) - (s.relu ? 0 : 2));
-    const double gbps = bytes / fused_ms / 1e6;
-    aten_total += aten_ms * s.count;
-    fused_total += fused_ms * s.count;
-
-    // cuDNN's fused path, on the same inputs; its values against the fused kernels'.
-    std::string cudnn_ms_text, cudnn_diff_text;
-    bench::CudnnBnAddRelu cudnn(x, s.residual, s.relu);
-    if (!cudnn.unsupported().empty()) {
-      cudnn_everywhere = false;
-      cudnn_ms_text = "not run: " + cudnn.unsupported();
-      cudnn_diff_text = "—";
-    } else {
-      const torch::Tensor w = weight.detach(), b = bias.detach(), z = s.residual ? residual.detach() : torch::Tensor();
-      const torch::Tensor mean = running_mean.clone(), var = running_var.clone();
-      const double cudnn_ms = bench::best_graph_ms_per_call(
-          iterations, trials, [&] { cudnn.forward_backward(x.detach(), z, grad, w, b, mean, var); });
-      cudnn_total += cudnn_ms * s.count;
+    const double gbps = bytes / ms[1] / 1e6;
+    // cuDNN's values against libddp's kernels'.
+    const auto outputs = [&](ddp::FusedBatchNormPath path) {
       x.mutable_grad() = torch::Tensor();
       const torch::Tensor y = ddp::fused_batch_norm(x, weight, bias, running_mean.clone(), running_var.clone(),
-                                                    residual, ddp::FusedBatchNormOptions().relu(s.relu));
+                                                    residual, ddp::FusedBatchNormOptions().relu(s.relu).path(path));
       y.backward(grad);
-      const auto relative = [](const torch::Tensor& a, const torch::Tensor& reference) {
-        return ((a.to(torch::kFloat) - reference.to(torch::kFloat)).abs().max() /
-                reference.to(torch::kFloat).abs().max().clamp_min(1e-30))
-            .item<double>();
-      };
-      cudnn_ms_text = fmt::format("{:.3f}", cudnn_ms);
-      cudnn_diff_text =
-          fmt::format("{:.2g}, {:.2g}", relative(cudnn.output(), y.detach()), relative(cudnn.grad_input(), x.grad()));
-    }
-    std::printf("| %s%s | %lld x %lld x %lld | %d | %.3f | %.3f | %.2fx | %.0f | %.0f%% | %s | %s |\n", s.where.c_str(),
-                s.residual ? " (+add, relu)" : (s.relu ? " (relu)" : ""), static_cast<long long>(s.channels),
-                static_cast<long long>(s.side), static_cast<long long>(s.side), s.count, aten_ms, fused_ms,
-                aten_ms / fused_ms, gbps, 100 * gbps / copy_gbps, cudnn_ms_text.c_str(), cudnn_diff_text.c_str());
+      return std::make_pair(y.detach().to(torch::kFloat), x.grad().to(torch::kFloat));
+    };
+    const auto [y_libddp, dx_libddp] = outputs(ddp::FusedBatchNormPath::kLibddp);
+    const auto [y_cudnn, dx_cudnn] = outputs(ddp::FusedBatchNormPath::kCudnn);
+    const auto relative = [](const torch::Tensor& a, const torch::Tensor& reference) {
+      return ((a - reference).abs().max() / reference.abs().max().clamp_min(1e-30)).item<double>();
+    };
+    std::printf("| %s%s | %lld x %lld x %lld | %d | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.0f%% | %.2g, %.2g |\n",
+                s.where.c_str(), s.residual ? " (+add, relu)" : (s.relu ? " (relu)" : ""),
+                static_cast<long long>(s.channels), static_cast<long long>(s.side), static_cast<long long>(s.side),
+                s.count, ms[0], ms[1], ms[2], ms[0] / ms[1], ms[0] / ms[2], 100 * gbps / copy_gbps,
+                relative(y_cudnn, y_libddp), relative(dx_cudnn, dx_libddp));
   }
-  std::printf("\nall %d BatchNorms of a step (each shape x n): ATen %.2f ms, fused %.2f ms, %.2fx", 53, aten_total,
-              fused_total, aten_total / fused_total);
-  if (cudnn_everywhere) {
-    std::printf("; cuDNN's fused path %.2f ms (fused kernels / cuDNN: %.2fx)", cudnn_total, cudnn_total / fused_total);
-  } else {
-    std::printf("; cuDNN's fused path does not run every shape (see the table)");
-  }
-  std::printf("\n");
+  std::printf(
+      "\nall %d BatchNorms of a step (each shape x n): ATen %.2f ms, libddp's kernels %.2f ms (%.2fx), cuDNN's "
+      "%.2f ms (%.2fx)\n",
+      53, totals[0], totals[1], totals[0] / totals[1], totals[2], totals[0] / totals[2]);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "fused_bn_bench: error: %s\n", e.what());

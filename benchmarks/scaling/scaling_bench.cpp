@@ -230,7 +230,9 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   const auto device = process_group->device();
   const std::int64_t image = flags.integer("image-size");
   auto model = resnet::resnet50();
-  model->set_fused_batch_norm(!flags.on("unfused"));
+  const ddp::FusedBatchNormPath path =
+      flags.on("unfused") ? ddp::FusedBatchNormPath::kAten : resnet::parse_batch_norm_path(flags.str("bn"));
+  model->set_batch_norm_path(path);
   model->to(device);
   resnet::to_channels_last(*model);
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<resnet::ResNet>>(model, process_group, options);
@@ -251,8 +253,9 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format(
       "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
-      "\"fp8_fast_accum\": null, \"fused_kernels\": {}",
-      image, !flags.on("unfused") && ddp::fused_batch_norm_kernels_built() && device.is_cuda());
+      "\"fp8_fast_accum\": null, \"fused_kernels\": {}, \"bn\": \"{}\"",
+      image, path != ddp::FusedBatchNormPath::kAten && ddp::fused_batch_norm_path_built(path) && device.is_cuda(),
+      flags.on("unfused") ? "aten" : flags.str("bn"));
   return workload;
 }
 
@@ -346,6 +349,7 @@ int main(int argc, char** argv) try {
       .add_switch("unfused",
                   "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE and SwiGLU, "
                   "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm)")
+      .add("bn", "auto", std::string("ResNet-50: ") + resnet::kBatchNormPathHelp + "; --unfused means aten")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add_switch("cuda-graph",
                   "record the step into a CUDA graph after the warm-up and replay it (ddp::CapturedStep); "
@@ -493,11 +497,12 @@ int main(int argc, char** argv) try {
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
       "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
       "{}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
-      cuda_graph ? "libddp-graph" : "libddp", workload.json_fields, ddp::to_string(policy.precision()), gpus,
-      device.str(), batch, steps, warmed, 1000 * seconds / static_cast<double>(steps), throughput, workload.unit,
-      mean(forward), mean(backward), mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null",
-      peak_gib, workload.params, flops, final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding),
-      flags.str("param-dtype"), !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
+      std::string(cuda_graph ? "libddp-graph" : "libddp") + (flags.on("unfused") ? "-unfused" : ""),
+      workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmed,
+      1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward),
+      mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops,
+      final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"),
+      !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

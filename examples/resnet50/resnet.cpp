@@ -22,16 +22,17 @@ torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::Pro
 }
 
 torch::Tensor normalize(torch::nn::AnyModule& norm, const torch::Tensor& x, const torch::Tensor& residual, bool relu,
-                        bool fused) {
+                        ddp::FusedBatchNormPath path) {
   auto* plain = norm.ptr()->as<torch::nn::BatchNorm2d>();
-  if (fused && plain != nullptr && plain->is_training() && plain->options.track_running_stats() &&
-      plain->options.momentum().has_value()) {
+  if (path != ddp::FusedBatchNormPath::kAten && plain != nullptr && plain->is_training() &&
+      plain->options.track_running_stats() && plain->options.momentum().has_value()) {
     plain->num_batches_tracked += 1;  // as BatchNorm2d's own forward counts them
     return ddp::fused_batch_norm(x, plain->weight, plain->bias, plain->running_mean, plain->running_var, residual,
                                  ddp::FusedBatchNormOptions()
                                      .momentum(plain->options.momentum().value())
                                      .eps(plain->options.eps())
-                                     .relu(relu));
+                                     .relu(relu)
+                                     .path(path));
   }
   torch::Tensor y = norm.forward(x);
   if (residual.defined()) y = y + residual;
@@ -61,11 +62,11 @@ torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
   torch::Tensor identity = x;
   if (downsample) {
     auto modules = downsample->begin();  // a convolution, then its BatchNorm (no ReLU)
-    identity = normalize(modules[1], modules[0].forward(x), {}, false, fused_batch_norm);
+    identity = normalize(modules[1], modules[0].forward(x), {}, false, batch_norm_path);
   }
-  torch::Tensor out = normalize(bn1, conv1(x), {}, true, fused_batch_norm);
-  out = normalize(bn2, conv2(out), {}, true, fused_batch_norm);
-  return normalize(bn3, conv3(out), identity, true, fused_batch_norm);
+  torch::Tensor out = normalize(bn1, conv1(x), {}, true, batch_norm_path);
+  out = normalize(bn2, conv2(out), {}, true, batch_norm_path);
+  return normalize(bn3, conv3(out), identity, true, batch_norm_path);
 }
 
 ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
@@ -97,17 +98,17 @@ ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
 }
 
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
-  x = normalize(bn1, conv1(x), {}, true, fused_batch_norm);
+  x = normalize(bn1, conv1(x), {}, true, batch_norm_path);
   x = torch::max_pool2d(x, 3, 2, 1);
   for (auto layer : {layer1, layer2, layer3, layer4}) x = layer->forward(x);
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc(x);
 }
 
-void ResNetImpl::set_fused_batch_norm(bool fused) {
-  fused_batch_norm = fused;
+void ResNetImpl::set_batch_norm_path(ddp::FusedBatchNormPath path) {
+  batch_norm_path = path;
   for (auto& module : modules(/*include_self=*/false)) {
-    if (auto* block = module->as<Bottleneck>()) block->fused_batch_norm = fused;
+    if (auto* block = module->as<Bottleneck>()) block->batch_norm_path = path;
   }
 }
 

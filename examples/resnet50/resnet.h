@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <ddp/batch_norm.h>
 #include <ddp/process_group.h>
 
 namespace resnet {
@@ -16,17 +17,18 @@ namespace resnet {
 torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::ProcessGroup>& sync_group);
 
 /// relu?(norm(x) + residual?): a BatchNorm2d in training goes through
-/// ddp::fused_batch_norm (one pass each way on CUDA, ATen's ops elsewhere)
-/// unless `fused` is off; anything else runs as the module, then add and ReLU.
+/// ddp::fused_batch_norm on `path` (fused kernels on CUDA, ATen's ops
+/// elsewhere) unless `path` is kAten; anything else runs as the module, then
+/// add and ReLU.
 torch::Tensor normalize(torch::nn::AnyModule& norm, const torch::Tensor& x, const torch::Tensor& residual, bool relu,
-                        bool fused);
+                        ddp::FusedBatchNormPath path);
 
 struct BottleneckImpl : torch::nn::Module {
   BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride,
                  const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
   torch::Tensor forward(torch::Tensor x);
 
-  bool fused_batch_norm = true;  ///< See normalize().
+  ddp::FusedBatchNormPath batch_norm_path = ddp::FusedBatchNormPath::kAuto;  ///< See normalize().
 
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   torch::nn::AnyModule bn1, bn2, bn3;
@@ -40,12 +42,13 @@ struct ResNetImpl : torch::nn::Module {
   ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
              const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
   torch::Tensor forward(torch::Tensor x);
-  /// Whether BatchNorm runs through ddp::fused_batch_norm (default) or ATen's separate ops.
-  void set_fused_batch_norm(bool fused);
+  /// Which kernels BatchNorm, add and ReLU run on in training: ddp::fused_batch_norm's
+  /// (kAuto, the default, kCudnn, kLibddp) or ATen's separate ops (kAten).
+  void set_batch_norm_path(ddp::FusedBatchNormPath path);
 
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::AnyModule bn1;
-  bool fused_batch_norm = true;
+  ddp::FusedBatchNormPath batch_norm_path = ddp::FusedBatchNormPath::kAuto;
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
   torch::nn::Linear fc{nullptr};
 };

@@ -20,6 +20,14 @@ void check_precision(const ddp::PrecisionPolicy& policy) {
   }
 }
 
+ddp::FusedBatchNormPath parse_batch_norm_path(const std::string& name) {
+  if (name == "auto") return ddp::FusedBatchNormPath::kAuto;
+  if (name == "cudnn") return ddp::FusedBatchNormPath::kCudnn;
+  if (name == "libddp") return ddp::FusedBatchNormPath::kLibddp;
+  if (name == "aten") return ddp::FusedBatchNormPath::kAten;
+  throw ddp::UsageError("--bn must be auto, cudnn, libddp or aten, got '" + name + "'");
+}
+
 std::unique_ptr<ddp::optim::FusedSGD> make_sgd(const ddp::DistributedDataParallel<ResNet>& model, double lr,
                                                double momentum, double weight_decay) {
   std::vector<at::Tensor> decay, no_decay;

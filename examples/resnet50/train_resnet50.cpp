@@ -71,9 +71,7 @@ int main(int argc, char** argv) try {
       .add("weight-decay", "5e-5", "SGD weight decay (not on BatchNorm or biases)")
       .add("label-smoothing", "0.1", "label smoothing of the cross entropy")
       .add("seed", "0", "random seed (model, data order, augmentation)")
-      .add("bn", "fused",
-           "BatchNorm in training: fused (ddp::fused_batch_norm: BatchNorm, residual add and ReLU in one pass each "
-           "way on CUDA) or aten (ATen's separate ops)")
+      .add("bn", "auto", resnet::kBatchNormPathHelp)
       .add_switch("sync-bn",
                   "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), for small per-GPU batches");
   // lr 0.1 per 256 images is Goyal et al.'s rule; the default here assumes 2 x 128.
@@ -85,6 +83,7 @@ int main(int argc, char** argv) try {
 
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
   resnet::check_precision(policy);
+  const ddp::FusedBatchNormPath batch_norm_path = resnet::parse_batch_norm_path(flags.str("bn"));
   auto process_group = ddp::init();
   const auto device = process_group->device();
   policy.check_supported(device);
@@ -126,10 +125,8 @@ int main(int argc, char** argv) try {
 
   torch::manual_seed(flags.integer("seed"));
   const bool sync_bn = flags.on("sync-bn");
-  const std::string bn = flags.str("bn");
-  if (bn != "fused" && bn != "aten") flags.fail(fmt::format("--bn must be fused or aten, got '{}'", bn));
   auto model = resnet::resnet50(classes, sync_bn ? process_group : nullptr);
-  model->set_fused_batch_norm(bn == "fused");
+  model->set_batch_norm_path(batch_norm_path);
   model->to(device);
   resnet::to_channels_last(*model);
   ddp::DistributedDataParallel<resnet::ResNet> ddp_model(model, process_group);

@@ -7,7 +7,20 @@
 
 namespace ddp {
 
-/// What fused_batch_norm computes besides the normalisation.
+/// Which kernels fused_batch_norm runs on CUDA.
+enum class FusedBatchNormPath {
+  /// cuDNN's where cuDNN runs the configuration, else libddp's, else ATen's ops.
+  kAuto,
+  /// cuDNN's fused NHWC BatchNorm + add + ReLU (its persistent kernels keep
+  /// the activations on chip between statistics and normalisation), else ATen's ops.
+  kCudnn,
+  /// libddp's own kernels (Welford statistics; two passes each way), else ATen's ops.
+  kLibddp,
+  /// ATen's BatchNorm, add and ReLU as separate ops: the unfused reference.
+  kAten,
+};
+
+/// What fused_batch_norm computes besides the normalisation, and how.
 struct DDP_API FusedBatchNormOptions {
   /// Batch statistics (updating the running ones), or the running statistics (evaluation).
   TORCH_ARG(bool, training) = true;
@@ -17,6 +30,7 @@ struct DDP_API FusedBatchNormOptions {
   TORCH_ARG(double, eps) = 1e-5;
   /// max(0, .) on the result.
   TORCH_ARG(bool, relu) = true;
+  TORCH_ARG(FusedBatchNormPath, path) = FusedBatchNormPath::kAuto;
 };
 
 /// relu(batch_norm(input) + residual) in training, the BatchNorm, residual
@@ -34,15 +48,18 @@ struct DDP_API FusedBatchNormOptions {
 /// that updates running_var unbiased. Differentiable in input, residual,
 /// weight and bias.
 ///
-/// CUDA tensors in that layout with C a multiple of 4 take the fused kernels;
-/// anything else (CPU, another layout, evaluation) runs ATen's BatchNorm, add
-/// and ReLU: the same values, unfused.
+/// In training, CUDA tensors in that layout take fused kernels (options.path):
+/// cuDNN's for [N, C, H, W] where cuDNN runs the shape and dtype (and ATen
+/// may use cuDNN), libddp's for C a multiple of 4; anything else (CPU,
+/// another layout, evaluation) runs ATen's BatchNorm, add and ReLU: the same
+/// values, unfused.
 DDP_API at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                     const at::Tensor& running_mean, const at::Tensor& running_var,
                                     const at::Tensor& residual = {}, const FusedBatchNormOptions& options = {});
 
-/// Whether this libddp was built with fused_batch_norm's CUDA kernels
-/// (LibTorch >= 2.1 with CUDA); without them every call runs ATen's ops.
-DDP_API bool fused_batch_norm_kernels_built();
+/// Whether this libddp was built with `path`: kLibddp needs LibTorch >= 2.1
+/// with CUDA, kCudnn also cuDNN's headers; kAuto either of them; kAten is
+/// always there. Without a path its calls run ATen's ops.
+DDP_API bool fused_batch_norm_path_built(FusedBatchNormPath path);
 
 }  // namespace ddp

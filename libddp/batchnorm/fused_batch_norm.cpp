@@ -6,7 +6,11 @@
 
 #include <ddp/errors.h>
 
+#include "batchnorm/absent_tensor.h"
 #include "batchnorm/kernels.h"
+#ifdef DDP_WITH_CUDNN
+#include "batchnorm/cudnn_batch_norm.h"
+#endif
 
 namespace ddp {
 namespace {
@@ -23,12 +27,11 @@ at::Tensor unfused(const at::Tensor& input, const at::Tensor& weight, const at::
 }
 
 #ifdef DDP_WITH_CUDA_KERNELS
-/// LibTorch 2.x's Function::apply records every tensor argument's device, so
-/// an absent one travels as an empty tensor (present ones are never empty).
-at::Tensor or_empty(const at::Tensor& tensor, const at::Tensor& like) {
-  return tensor.defined() ? tensor : at::empty({0}, like.options());
-}
-at::Tensor unless_empty(const at::Tensor& tensor) { return tensor.numel() == 0 ? at::Tensor() : tensor; }
+using detail::or_empty;
+using detail::unless_empty;
+
+bool fp32(const at::Tensor& tensor) { return tensor.defined() && tensor.scalar_type() == at::kFloat; }
+bool fp32_or_none(const at::Tensor& tensor) { return !tensor.defined() || fp32(tensor); }
 
 /// The fused kernels under autograd: saves the input and the output (ReLU's
 /// mask) and the batch's mean and inverse standard deviation.
@@ -94,25 +97,45 @@ void check_arguments(const at::Tensor& input, const at::Tensor& weight, const at
 
 }  // namespace
 
-bool fused_batch_norm_kernels_built() {
-#ifdef DDP_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
+bool fused_batch_norm_path_built(FusedBatchNormPath path) {
+  bool cudnn = false, libddp = false;
+#ifdef DDP_WITH_CUDNN
+  cudnn = true;
 #endif
+#ifdef DDP_WITH_CUDA_KERNELS
+  libddp = true;
+#endif
+  switch (path) {
+    case FusedBatchNormPath::kAuto: return cudnn || libddp;
+    case FusedBatchNormPath::kCudnn: return cudnn;
+    case FusedBatchNormPath::kLibddp: return libddp;
+    case FusedBatchNormPath::kAten: return true;
+  }
+  return false;
 }
 
 at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                             const at::Tensor& running_mean, const at::Tensor& running_var, const at::Tensor& residual,
                             const FusedBatchNormOptions& options) {
   check_arguments(input, weight, residual);
+  const FusedBatchNormPath path = options.path();
+  if (!options.training() || path == FusedBatchNormPath::kAten) {
+    return unfused(input, weight, bias, running_mean, running_var, residual, options);
+  }
+#ifdef DDP_WITH_CUDNN
+  // cuDNN's kernels need every per-channel tensor.
+  if ((path == FusedBatchNormPath::kAuto || path == FusedBatchNormPath::kCudnn) && fp32(weight) && fp32(bias) &&
+      fp32(running_mean) && fp32(running_var) &&
+      detail::cudnn_runs_batch_norm(input, residual, options.relu(), options.eps())) {
+    return detail::cudnn_batch_norm(input, residual, weight, bias, running_mean, running_var, options.momentum(),
+                                    options.eps(), options.relu());
+  }
+#endif
 #ifdef DDP_WITH_CUDA_KERNELS
-  const auto fp32_or_none = [](const at::Tensor& t) { return !t.defined() || t.scalar_type() == at::kFloat; };
-  const bool fits = options.training() && detail::fits_fused_batch_norm(input) &&
-                    (!residual.defined() || residual.is_contiguous(input.suggest_memory_format())) &&
-                    fp32_or_none(weight) && fp32_or_none(bias) && fp32_or_none(running_mean) &&
-                    fp32_or_none(running_var);
-  if (fits) {
+  if ((path == FusedBatchNormPath::kAuto || path == FusedBatchNormPath::kLibddp) && fp32_or_none(weight) &&
+      fp32_or_none(bias) && fp32_or_none(running_mean) && fp32_or_none(running_var) &&
+      detail::fits_fused_batch_norm(input) &&
+      (!residual.defined() || residual.is_contiguous(input.suggest_memory_format()))) {
     return FusedBatchNormFunction::apply(input, or_empty(residual, input), or_empty(weight, input),
                                          or_empty(bias, input), or_empty(running_mean, input),
                                          or_empty(running_var, input), options.momentum(), options.eps(),

@@ -216,7 +216,7 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_RESNET50, {"--cuda-graph", "yes"}, "--cuda-graph must be on, off or auto, got 'yes'"},
       {TRAIN_LLAMA, {"--uneven", "join", "--cuda-graph", "on"}, "--uneven join trains the uneven steps eagerly"},
       {TRAIN_LLAMA, {"--uneven", "pad"}, "--uneven must be drop or join, got 'pad'"},
-      {TRAIN_RESNET50, {"--bn", "cudnn"}, "--bn must be fused or aten, got 'cudnn'"},
+      {TRAIN_RESNET50, {"--bn", "fused"}, "--bn must be auto, cudnn, libddp or aten, got 'fused'"},
   };
   for (const auto& c : cases) {
     const auto result = train(c.program, c.args, scratch);

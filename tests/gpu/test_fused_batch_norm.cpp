@@ -1,11 +1,17 @@
-// ddp::fused_batch_norm's CUDA kernels against ATen's BatchNorm, add and ReLU:
-// outputs, running statistics and the gradients of input, residual, weight
-// and bias, in fp32 and bf16, for ResNet-like shapes.
+// ddp::fused_batch_norm's CUDA paths, libddp's kernels and cuDNN's, against
+// ATen's BatchNorm, add and ReLU: outputs, running statistics and the
+// gradients of input, residual, weight and bias, in fp32 and bf16, for
+// ResNet-like shapes.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <ddp/ddp.h>
+
+#include "batchnorm/kernels.h"
+#ifdef DDP_WITH_CUDNN
+#include "batchnorm/cudnn_batch_norm.h"
+#endif
 
 namespace {
 
@@ -20,8 +26,9 @@ struct Result {
 };
 
 /// Runs one training step of the layer on fp32 master copies of the inputs
-/// cast to `dtype`; `fused` false: ATen's ops on the same values in fp32.
-Result run(const Case& c, torch::ScalarType dtype, bool fused) {
+/// cast to `dtype` on `path`; kAten: ATen's ops on the same values in fp32.
+Result run(const Case& c, torch::ScalarType dtype, ddp::FusedBatchNormPath path) {
+  const bool fused = path != ddp::FusedBatchNormPath::kAten;
   auto generator = at::detail::createCPUGenerator(42);
   const int64_t channels = c.shape[1];
   const auto format = c.shape.size() == 4 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
@@ -37,7 +44,7 @@ Result run(const Case& c, torch::ScalarType dtype, bool fused) {
   torch::Tensor bias = torch::randn({channels}, generator).to(cuda).requires_grad_(true);
   torch::Tensor running_mean = torch::zeros({channels}, cuda);
   torch::Tensor running_var = torch::ones({channels}, cuda);
-  const auto options = ddp::FusedBatchNormOptions().relu(c.relu).momentum(0.2);
+  const auto options = ddp::FusedBatchNormOptions().relu(c.relu).momentum(0.2).path(path);
   torch::Tensor y = fused ? ddp::fused_batch_norm(x, weight, bias, running_mean, running_var,
                                                   c.residual ? residual : torch::Tensor(), options)
                           : torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.2, 1e-5, true);
@@ -62,19 +69,36 @@ void expect_close(const torch::Tensor& got, const torch::Tensor& expected, doubl
   EXPECT_LE(error, tolerance * scale) << what << ": largest difference " << error << " against a scale of " << scale;
 }
 
-void expect_matches_aten(torch::ScalarType dtype, double tolerance) {
+/// Whether `path` takes case `c` itself (rather than falling back to ATen's
+/// ops, which would make the comparison vacuous).
+bool path_takes(ddp::FusedBatchNormPath path, const Case& c, torch::ScalarType dtype) {
+  const auto format = c.shape.size() == 4 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  const torch::Tensor x =
+      torch::empty(c.shape, torch::TensorOptions().device(torch::kCUDA).dtype(dtype)).contiguous(format);
+  if (path == ddp::FusedBatchNormPath::kLibddp) return ddp::detail::fits_fused_batch_norm(x);
+#ifdef DDP_WITH_CUDNN
+  return ddp::detail::cudnn_runs_batch_norm(x, c.residual ? x : torch::Tensor(), c.relu, 1e-5);
+#else
+  return false;
+#endif
+}
+
+void expect_matches_aten(ddp::FusedBatchNormPath path, torch::ScalarType dtype, double tolerance) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
-  const std::vector<Case> cases{{{8, 64, 14, 14}, true, true},
-                                {{4, 256, 7, 7}, false, true},
-                                {{3, 128, 5, 9}, true, false},
-                                {{2, 2048, 7, 7}, true, true},
-                                {{96, 12}, false, false}};
+  const bool cudnn = path == ddp::FusedBatchNormPath::kCudnn;
+  // cuDNN: [N, C, H, W] only, and a residual only before the ReLU.
+  std::vector<Case> cases{{{8, 64, 14, 14}, true, true},
+                          {{4, 256, 7, 7}, false, true},
+                          {{2, 2048, 7, 7}, true, true},
+                          {{16, 512, 28, 28}, false, false}};
+  if (!cudnn) cases.insert(cases.end(), {{{3, 128, 5, 9}, true, false}, {{96, 12}, false, false}});
   for (const Case& c : cases) {
     const std::string name = "shape " + std::to_string(c.shape[0]) + "x" + std::to_string(c.shape[1]) +
                              (c.residual ? " +residual" : "") + (c.relu ? " +relu" : "");
     SCOPED_TRACE(name);
-    const Result fused = run(c, dtype, true);
-    const Result reference = run(c, dtype, false);
+    ASSERT_TRUE(path_takes(path, c, dtype)) << name << ": the path falls back to ATen's ops";
+    const Result fused = run(c, dtype, path);
+    const Result reference = run(c, dtype, ddp::FusedBatchNormPath::kAten);
     expect_close(fused.y, reference.y, tolerance, name + ": output");
     expect_close(fused.running_mean, reference.running_mean, 1e-5, name + ": running mean");
     expect_close(fused.running_var, reference.running_var, 1e-5, name + ": running variance");
@@ -85,9 +109,30 @@ void expect_matches_aten(torch::ScalarType dtype, double tolerance) {
   }
 }
 
-TEST(FusedBatchNorm, Fp32MatchesAten) { expect_matches_aten(torch::kFloat, 1e-4); }
+TEST(FusedBatchNorm, Fp32MatchesAten) { expect_matches_aten(ddp::FusedBatchNormPath::kLibddp, torch::kFloat, 1e-4); }
 
 // bf16 in and out, fp32 inside: within bf16's rounding of the fp32 reference.
-TEST(FusedBatchNorm, Bf16MatchesAtenInFp32) { expect_matches_aten(torch::kBFloat16, 2e-2); }
+TEST(FusedBatchNorm, Bf16MatchesAtenInFp32) {
+  expect_matches_aten(ddp::FusedBatchNormPath::kLibddp, torch::kBFloat16, 2e-2);
+}
+
+#ifdef DDP_WITH_CUDNN
+TEST(FusedBatchNorm, CudnnFp32MatchesAten) {
+  expect_matches_aten(ddp::FusedBatchNormPath::kCudnn, torch::kFloat, 1e-4);
+}
+
+TEST(FusedBatchNorm, CudnnBf16MatchesAtenInFp32) {
+  expect_matches_aten(ddp::FusedBatchNormPath::kCudnn, torch::kBFloat16, 2e-2);
+}
+
+// kAuto takes cuDNN's kernels where cuDNN runs the shape: ResNet-50's BatchNorms in bf16.
+TEST(FusedBatchNorm, AutoTakesCudnnForResNetShapes) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs a GPU";
+  for (const Case& c : std::vector<Case>{
+           {{128, 64, 112, 112}, false, true}, {{128, 256, 56, 56}, true, true}, {{128, 2048, 7, 7}, false, false}}) {
+    EXPECT_TRUE(path_takes(ddp::FusedBatchNormPath::kCudnn, c, torch::kBFloat16)) << c.shape[1] << " channels";
+  }
+}
+#endif
 
 }  // namespace
