@@ -30,6 +30,7 @@ struct DDP_API FusedBatchNormOptions {
   TORCH_ARG(double, eps) = 1e-5;
   /// max(0, .) on the result.
   TORCH_ARG(bool, relu) = true;
+  /// Which kernels run it on CUDA.
   TORCH_ARG(FusedBatchNormPath, path) = FusedBatchNormPath::kAuto;
 };
 
