@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -21,31 +22,13 @@
 
 #include "batchnorm/kernels.h"
 #include "cuda/cuda_check.h"
+#include "cuda/float_conversions.cuh"
 
 namespace ddp::detail {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kFinishWays = 32;  // threads merging one channel's partial results
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
 
 /// V values moved by one load or store (8 or 16 bytes).
 template <typename T, int V>
@@ -358,10 +341,7 @@ Launch launch_for(int64_t rows, int channels, int vector) {
   Launch launch;
   launch.block = dim3(threads_x, kThreads / threads_x);
   const int blocks_x = (groups + threads_x - 1) / threads_x;
-  int device = 0;
-  DDP_CUDA_CHECK(cudaGetDevice(&device));
-  int sms = 0;
-  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // cached by ATen per device
   // At least 8 rows per thread, so that the partial results stay few.
   const int64_t by_rows = std::max<int64_t>(1, rows / (static_cast<int64_t>(launch.block.y) * 8));
   const int64_t blocks_y = std::min<int64_t>(by_rows, std::max<int64_t>(1, 4 * sms / blocks_x));

@@ -24,6 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/float_conversions.cuh"
 #include "cuda/warp_reduce.cuh"
 #include "float8/kernels.h"
 
@@ -38,10 +39,6 @@ constexpr int kThreads = 256;
 // Row stride of an FP8 tile in shared memory, in 32-bit words: odd, so that
 // the transposing reads (8 rows x 4 words per warp) hit 32 different banks.
 constexpr int kTileStrideWords = kTile / 4 + 1;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 
 /// |x| as int bits: for non-negative floats (NaN included, after fabsf) the
 /// integer order is the float order, so integer max and atomicMax give the

@@ -91,6 +91,12 @@ Iteration agree_on_iteration(Communicator& comm, bool active, bool grad, bool sy
   return it;
 }
 
+/// Over how many ranks the reducer averages an iteration's gradients: the
+/// ranks that trained it, or (0) all of them with divide_by_initial_world_size.
+int averaging_ranks(const JoinOptions& options, const Iteration& it) {
+  return options.divide_by_initial_world_size() ? 0 : it.active;
+}
+
 }  // namespace
 
 void DataParallelCore::enter_join(const JoinOptions& options) {
@@ -122,7 +128,7 @@ int DataParallelCore::agree_on_active_forward() {
   const Iteration it = agree_on_iteration(process_group_->communicator(), true, grad, grad && reducer_->sync(),
                                           buffer_sync_ != nullptr && module_->is_training());
   ++join_->forwards;
-  reducer_->set_averaging_ranks(join_->options.divide_by_initial_world_size() ? 0 : it.active);
+  reducer_->set_averaging_ranks(averaging_ranks(join_->options, it));
   return it.first_active;
 }
 
@@ -133,7 +139,7 @@ void DataParallelCore::shadow_until_all_joined() {
   for (;;) {
     const Iteration it = agree_on_iteration(comm, false, false, false, false);
     if (it.active == 0) break;
-    reducer_->set_averaging_ranks(join_->options.divide_by_initial_world_size() ? 0 : it.active);
+    reducer_->set_averaging_ranks(averaging_ranks(join_->options, it));
     shadow_iteration(it.kind, it.train_buffers, it.first_active);
   }
   // Ranks that stopped early kept older parameters: every rank takes those
