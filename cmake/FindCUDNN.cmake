@@ -1,5 +1,5 @@
-# FindCUDNN: locates cudnn.h and libcudnn, for the benchmarks that call cuDNN
-# directly (libddp itself reaches cuDNN only through ATen).
+# FindCUDNN: locates cudnn.h and libcudnn, for libddp's call of cuDNN's fused
+# BatchNorm (batchnorm/cudnn_batch_norm.cpp; the rest reaches cuDNN through ATen).
 #
 # Looks in CUDNN_ROOT (CMake or environment variable), the CUDA toolkit
 # prefix, the system paths and the `nvidia.cudnn` package of python3 (what

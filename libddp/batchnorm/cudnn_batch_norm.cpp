@@ -111,6 +111,7 @@ class CudnnBatchNormFunction : public torch::autograd::Function<CudnnBatchNormFu
     ctx->saved_data["residual"] = residual.defined();
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["eps"] = eps;
+    ctx->saved_data["backward_bytes"] = static_cast<int64_t>(backward_bytes);  // backward need not ask again
     return output;
   }
 
@@ -122,8 +123,7 @@ class CudnnBatchNormFunction : public torch::autograd::Function<CudnnBatchNormFu
     const bool residual = ctx->saved_data["residual"].toBool();
     const Descriptors descriptors(input, residual, ctx->saved_data["relu"].toBool());
     const cudnnHandle_t handle = at::native::getCudnnHandle();
-    size_t forward_bytes = 0, backward_bytes = 0, reserve_bytes = 0;
-    DDP_CUDNN_CHECK(descriptors.sizes(handle, forward_bytes, backward_bytes, reserve_bytes));
+    const auto backward_bytes = static_cast<size_t>(ctx->saved_data["backward_bytes"].toInt());
     const at::Tensor workspace = bytes(backward_bytes, input);
     // cuDNN reads the gradient in the activations' layout.
     const at::Tensor grad_output = grads[0].contiguous(at::MemoryFormat::ChannelsLast);
