@@ -87,6 +87,9 @@ def parse_args():
     parser.add_argument("--sharding", choices=("none", "optimizer", "gradients"), default="none",
                         help="libddp's sharding mode (scaling_bench --sharding): optimizer is ZeRO-1, gradients "
                              "ZeRO-2; PyTorch's side stays plain DDP")
+    parser.add_argument("--nccl-symmetric-buckets", action="store_true",
+                        help="libddp keeps its gradient buckets in NCCL symmetric memory (scaling_bench "
+                             "--nccl-symmetric-buckets; --sharding none, NCCL)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -209,6 +212,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
         bench_args += ["--sharding", args.sharding]
+        if args.nccl_symmetric_buckets:
+            bench_args.append("--nccl-symmetric-buckets")
         if impl == "libddp-graph":
             bench_args.append("--cuda-graph")
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
@@ -393,6 +398,10 @@ def markdown(report, args):
         if args.sharding != "none":
             lines += [f"libddp ran with `--sharding {args.sharding}` (each rank steps its shard of the optimizer "
                       "state; gradients reduce-scattered, parameters all-gathered); PyTorch with plain DDP.", ""]
+        if args.nccl_symmetric_buckets:
+            lines += ["libddp kept its gradient buckets in NCCL symmetric memory (`--nccl-symmetric-buckets`), "
+                      "which NCCL reduces with its symmetric kernels; PyTorch's side uses the caching allocator's "
+                      "memory.", ""]
         if args.reduce_dtype != "fp32":
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "
@@ -595,7 +604,10 @@ def main():
         args.prefix = f"{date:%Y-%m-%d}-scaling-{args.gpus[-1]}x{name}" + ("-quick" if args.quick else "")
 
     rows = []
-    with tempfile.TemporaryDirectory(prefix="scaling-") as workdir:
+    os.makedirs(args.out, exist_ok=True)
+    # Each row as it comes, so a run cut short (a machine's time limit) keeps what it measured.
+    rows_so_far = os.path.join(args.out, args.prefix + ".rows.jsonl")
+    with tempfile.TemporaryDirectory(prefix="scaling-") as workdir, open(rows_so_far, "w") as partial:
         for model in args.models:
             precisions = [p for p in (args.precisions or PRECISIONS[model]) if p in PRECISIONS[model] or p == "fp32"]
             for precision in precisions:
@@ -606,6 +618,8 @@ def main():
                                          "unavailable": "no PyTorch in " + sys.executable})
                             continue
                         rows.append(run_one(impl, model, precision, gpus, args, workdir))
+                        partial.write(json.dumps(rows[-1]) + "\n")
+                        partial.flush()
 
     libtorch = sorted({r["torch_version"] for r in rows if r["impl"] in LIBDDP_IMPLS and r.get("torch_version")})
     run = {"date_utc": f"{date:%Y-%m-%d %H:%M} UTC", "commit": git_commit(), "device": args.device,
@@ -613,7 +627,6 @@ def main():
            "steps": args.steps, "warmup": args.warmup, "quick": args.quick,
            "configs": QUICK if args.quick else FULL, "command": shlex.join([sys.executable] + sys.argv),
            "nccl_env": {name: value for name, value in sorted(os.environ.items()) if name.startswith("NCCL_")}} | info
-    os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, args.prefix)
     files = {"json": base + ".json", "md": base + ".md", "svg": base + ".svg"}
     report = {"run": run, "files": files, "rows": rows,
@@ -625,6 +638,7 @@ def main():
         out.write(markdown(report, args))
     with open(files["svg"], "w") as out:
         out.write(svg(report, args))
+    os.remove(rows_so_far)  # the report holds them now
     print("run_scaling: wrote " + ", ".join(files.values()))
     failed = [f"{r['impl']}-{r['model']}-{r['precision']}-{r['gpus']}" for r in rows if r.get("error")]
     if failed:  # reported above and in the files; the exit status lets scripts and tests notice
