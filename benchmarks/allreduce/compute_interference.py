@@ -2,7 +2,7 @@
 
 One process drives two GPUs. On each, a chain of bf16 GEMMs (the shape of a
 LLaMA-1.1B MLP matmul) runs on the default stream, timed with CUDA events,
-first alone and then while a side stream moves gradient-sized buffers between
+alternately alone and while a side stream moves gradient-sized buffers between
 the GPUs the whole time:
 
   nccl        ncclAllReduce of fp32 buckets (SM kernels, as DDP's reducer runs);
@@ -11,14 +11,16 @@ the GPUs the whole time:
               as device-to-peer copies, which the copy engines carry (no SMs),
               plus the local add of the received half (a short SM kernel).
 
-The slowdown of the GEMM chain against its time alone is what each transport
-costs a backward pass it overlaps. Prints one JSON object per line.
+The slowdown of the GEMM chain against its time alone (the mean of the chains
+alone just before and after it) is what each transport costs a backward pass
+it overlaps. Prints one JSON object per line, then the median slowdowns.
 
     python3 benchmarks/allreduce/compute_interference.py [--json FILE]
 """
 
 import argparse
 import json
+import statistics
 import time
 
 import torch
@@ -28,7 +30,7 @@ BUCKET_BYTES = 25 << 20  # DDP's default bucket
 GEMM = (8192, 2048, 5632)  # tokens x dim x FFN of a LLaMA-1.1B MLP matmul
 
 
-def gemm_chain_ms(device, a, b, steps):
+def timed_gemm_chain(device, a, b, steps):
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.device(device):
         start.record()
@@ -65,10 +67,28 @@ def side_traffic(kind, buckets, scratch, streams, until_events):
     return rounds
 
 
+def measure(kind, devices, operands, streams, traffic, gemms):
+    """One timed GEMM chain per GPU, with `kind` of traffic beside it."""
+    m, k, n = GEMM
+    buckets, scratch = traffic.get(kind, (None, None))
+    wall = time.perf_counter()
+    events = [timed_gemm_chain(d, a, b, gemms) for d, (a, b) in zip(devices, operands)]
+    rounds = side_traffic(kind, buckets, scratch, streams, [end for _, end in events]) if buckets else 0
+    for d in devices:
+        torch.cuda.synchronize(d)
+    wall = time.perf_counter() - wall
+    ms = [start.elapsed_time(end) for start, end in events]
+    reduced = rounds * len(buckets[0]) * buckets[0][0].numel() if buckets else 0
+    return {"traffic": kind, "gemm_ms": [round(x, 3) for x in ms],
+            "gemm_tflops": round(2 * m * k * n * gemms / (max(ms) / 1e3) / 1e12, 1),
+            "gradient_gelements_per_s": round(reduced / wall / 1e9, 2)}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gemms", type=int, default=200)
+    parser.add_argument("--gemms", type=int, default=200, help="GEMMs per timed chain")
     parser.add_argument("--buckets", type=int, default=8, help="buckets per round of traffic")
+    parser.add_argument("--rounds", type=int, default=5, help="measurements of each kind of traffic")
     parser.add_argument("--json", help="append the rows to this file")
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:
@@ -78,38 +98,41 @@ def main():
     operands = [(torch.randn(m, k, device=d, dtype=torch.bfloat16), torch.randn(k, n, device=d, dtype=torch.bfloat16))
                 for d in devices]
     streams = [torch.cuda.Stream(device=d) for d in devices]
-    rows = []
-    for kind in ("none", "nccl", "nccl-bf16", "copy-engine", "none"):
+    numel = BUCKET_BYTES // 4
+    traffic = {}
+    for kind in ("nccl", "nccl-bf16", "copy-engine"):
         dtype = torch.bfloat16 if kind == "nccl-bf16" else torch.float32
-        numel = BUCKET_BYTES // 4
-        buckets = [[torch.ones(numel, device=d, dtype=dtype) for _ in range(args.buckets)] for d in devices]
-        scratch = [[torch.empty(numel - numel // 2, device=d, dtype=dtype) for _ in range(args.buckets)]
-                   for d in devices]
-        for _ in range(2):  # warm-up: cuBLAS heuristics, NCCL's connections
-            events = [gemm_chain_ms(d, a, b, 10) for d, (a, b) in zip(devices, operands)]
-            if kind != "none":
-                side_traffic(kind, buckets, scratch, streams, [end for _, end in events])
-            torch.cuda.synchronize(devices[0]), torch.cuda.synchronize(devices[1])
-        wall = time.perf_counter()
-        events = [gemm_chain_ms(d, a, b, args.gemms) for d, (a, b) in zip(devices, operands)]
-        rounds = side_traffic(kind, buckets, scratch, streams, [end for _, end in events]) if kind != "none" else 0
-        for d in devices:
-            torch.cuda.synchronize(d)
-        wall = time.perf_counter() - wall
-        ms = [start.elapsed_time(end) for start, end in events]
-        row = {"traffic": kind, "gemm_ms": [round(x, 3) for x in ms], "gemm_tflops": round(
-            2 * m * k * n * args.gemms / (max(ms) / 1e3) / 1e12, 1), "buckets_reduced": rounds * args.buckets,
-            "gradient_gelements_per_s": round(rounds * args.buckets * numel / wall / 1e9, 2), "device": torch.cuda.get_device_name(0)}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    base = min(r["gemm_ms"][0] for r in rows if r["traffic"] == "none")
-    for row in rows:
-        row["slowdown"] = round(row["gemm_ms"][0] / base, 4)
+        traffic[kind] = ([[torch.ones(numel, device=d, dtype=dtype) for _ in range(args.buckets)] for d in devices],
+                         [[torch.empty(numel - numel // 2, device=d, dtype=dtype) for _ in range(args.buckets)]
+                          for d in devices])
+    for kind in ("none", *traffic):  # warm-up: cuBLAS heuristics, NCCL's connections, clocks
+        measure(kind, devices, operands, streams, traffic, args.gemms)
+    # The GPUs' clocks drift under sustained GEMMs (18% between the first and
+    # last chain of one run on 2 x H100): each traffic chain is measured
+    # between two chains alone and compared with their mean.
+    rows, slowdowns = [], {kind: [] for kind in traffic}
+    before = measure("none", devices, operands, streams, traffic, args.gemms)
+    rows.append(before)
+    for _ in range(args.rounds):
+        for kind in traffic:
+            row = measure(kind, devices, operands, streams, traffic, args.gemms)
+            after = measure("none", devices, operands, streams, traffic, args.gemms)
+            alone = [(x + y) / 2 for x, y in zip(before["gemm_ms"], after["gemm_ms"])]
+            row["slowdown"] = [round(t / a, 4) for t, a in zip(row["gemm_ms"], alone)]
+            slowdowns[kind] += row["slowdown"]
+            rows += [row, after]
+            before = after
+            print(json.dumps(row), flush=True)
+    device = torch.cuda.get_device_name(0)
+    summary = {"device": device, "gemm": GEMM, "bucket_bytes": BUCKET_BYTES,
+               "median_slowdown": {kind: round(statistics.median(v), 4) for kind, v in slowdowns.items()},
+               "spread": {kind: [min(v), max(v)] for kind, v in slowdowns.items()}}
     if args.json:
         with open(args.json, "a") as out:
             for row in rows:
-                out.write(json.dumps(row) + "\n")
-    print(json.dumps({"slowdown_gpu0": {r["traffic"]: r["slowdown"] for r in rows}}))
+                out.write(json.dumps(row | {"device": device}) + "\n")
+            out.write(json.dumps(summary) + "\n")
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

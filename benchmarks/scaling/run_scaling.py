@@ -87,9 +87,6 @@ def parse_args():
     parser.add_argument("--sharding", choices=("none", "optimizer", "gradients"), default="none",
                         help="libddp's sharding mode (scaling_bench --sharding): optimizer is ZeRO-1, gradients "
                              "ZeRO-2; PyTorch's side stays plain DDP")
-    parser.add_argument("--nccl-symmetric-buckets", action="store_true",
-                        help="libddp keeps its gradient buckets in NCCL symmetric memory (scaling_bench "
-                             "--nccl-symmetric-buckets; --sharding none, NCCL)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -212,8 +209,6 @@ def command_for(impl, model, precision, gpus, args, json_path):
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
         bench_args += ["--sharding", args.sharding]
-        if args.nccl_symmetric_buckets:
-            bench_args.append("--nccl-symmetric-buckets")
         if impl == "libddp-graph":
             bench_args.append("--cuda-graph")
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
@@ -398,10 +393,6 @@ def markdown(report, args):
         if args.sharding != "none":
             lines += [f"libddp ran with `--sharding {args.sharding}` (each rank steps its shard of the optimizer "
                       "state; gradients reduce-scattered, parameters all-gathered); PyTorch with plain DDP.", ""]
-        if args.nccl_symmetric_buckets:
-            lines += ["libddp kept its gradient buckets in NCCL symmetric memory (`--nccl-symmetric-buckets`), "
-                      "which NCCL reduces with its symmetric kernels; PyTorch's side uses the caching allocator's "
-                      "memory.", ""]
         if args.reduce_dtype != "fp32":
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "

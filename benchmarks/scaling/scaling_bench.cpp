@@ -350,9 +350,6 @@ int main(int argc, char** argv) try {
                   "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE and SwiGLU, "
                   "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm)")
       .add("bn", "auto", std::string("ResNet-50: ") + resnet::kBatchNormPathHelp + "; --unfused means aten")
-      .add_switch("nccl-symmetric-buckets",
-                  "keep the gradient buckets in NCCL symmetric memory (DistributedDataParallelOptions::"
-                  "nccl_symmetric_buckets; NCCL, --sharding none)")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add_switch("cuda-graph",
                   "record the step into a CUDA graph after the warm-up and replay it (ddp::CapturedStep); "
@@ -405,9 +402,7 @@ int main(int argc, char** argv) try {
     }
     options.shard_units({});
   }
-  options.bucket_cap_mb(flags.real("bucket-cap-mb"))
-      .record_timeline(timeline)
-      .nccl_symmetric_buckets(flags.on("nccl-symmetric-buckets"));
+  options.bucket_cap_mb(flags.real("bucket-cap-mb")).record_timeline(timeline);
   const std::string reduce_dtype = flags.str("reduce-dtype");
   if (reduce_dtype != "fp32" && reduce_dtype != "bf16") flags.fail("--reduce-dtype must be fp32 or bf16");
   // One process reduces nothing, so its row stays the baseline of the scaling efficiency.
@@ -501,14 +496,13 @@ int main(int argc, char** argv) try {
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
       "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
-      "{}, \"cuda_graph\": {}, \"nccl_symmetric_buckets\": {}, \"torch_version\": \"{}\"}}",
+      "{}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
       std::string(cuda_graph ? "libddp-graph" : "libddp") + (flags.on("unfused") ? "-unfused" : ""),
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmed,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward),
       mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops,
       final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"),
-      !options.shard_units().empty(), nccl_environment_json(), cuda_graph, options.nccl_symmetric_buckets(),
-      TORCH_VERSION);
+      !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

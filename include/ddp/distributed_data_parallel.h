@@ -86,15 +86,6 @@ struct DistributedDataParallelOptions {
   /// (comm_hooks::average_in(at::kFloat)). Parameters outside units keep
   /// their dtype. Unset: the parameters' own.
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
-  /// Sharding::kNone over NCCL: keep the gradient buckets in NCCL symmetric
-  /// memory (ncclMemAlloc, registered on every rank as one window), so that
-  /// NCCL 2.27+ reduces them with its symmetric kernels, which read and write
-  /// the peer's bucket over NVLink directly instead of staging through NCCL's
-  /// own buffers. Takes effect with the buckets' final layout (from the
-  /// second iteration, after they are rebuilt in ready order); the memory
-  /// stays registered until the process group ends. UsageError with Gloo or
-  /// with sharding.
-  TORCH_ARG(bool, nccl_symmetric_buckets) = false;
 };
 
 namespace detail {

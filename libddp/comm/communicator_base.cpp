@@ -160,22 +160,6 @@ std::shared_ptr<Work> CommunicatorBase::watch_current_stream(const char* op, std
   return issue(op, std::move(detail), [&]() { return launch_stream_marker(); });
 }
 
-at::Tensor CommunicatorBase::symmetric_window(std::int64_t bytes) {
-  // Issued as a collective: the registration waits for every rank inside the
-  // backend, where the watchdog ends the process should a peer never come.
-  at::Tensor window;
-  issue("symmetric_window", fmt::format("{} bytes", bytes), [&]() {
-    window = register_symmetric_window(bytes);
-    return std::unique_ptr<BackendOp>();
-  })->wait();
-  return window;
-}
-
-at::Tensor CommunicatorBase::register_symmetric_window(std::int64_t) {
-  throw UsageError(fmt::format("libddp: the {} backend has no symmetric memory windows; they need NCCL 2.27 or newer",
-                               to_string(backend())));
-}
-
 std::unique_ptr<BackendOp> CommunicatorBase::launch_stream_marker() {
   throw UsageError(fmt::format("libddp: the {} backend has no device streams to watch; a captured step needs NCCL",
                                to_string(backend())));

@@ -120,14 +120,6 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   /// one by one and so are watched as a whole (ddp::CapturedStep).
   std::shared_ptr<Work> watch_current_stream(const char* op, std::string detail);
 
-  /// `bytes` of device memory (a kByte tensor) that every rank registers with
-  /// the backend as one symmetric window, so that collectives on tensors in
-  /// it, at the same offsets on every rank, may read and write the peers'
-  /// copies directly. A collective: every rank calls it with the same size,
-  /// in the same order. The window stays registered until the communicator
-  /// ends. UsageError on backends without such windows.
-  at::Tensor symmetric_window(std::int64_t bytes);
-
   enum class Failure { kTimeout, kBackendError };
   /// Settles `work` as failed, marks the communicator broken, aborts the
   /// backend and fails every other pending collective. Idempotent.
@@ -142,9 +134,6 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   /// Completes when the caller's current stream reaches the point of the
   /// call. Only backends with device streams have one: UsageError otherwise.
   virtual std::unique_ptr<BackendOp> launch_stream_marker();
-  /// symmetric_window's allocation and registration (a blocking call inside
-  /// the backend). UsageError unless the backend has symmetric windows.
-  virtual at::Tensor register_symmetric_window(std::int64_t bytes);
   /// Makes collectives in flight return (NCCL: ncclCommAbort). Called once,
   /// from whichever thread first sees a failure; never concurrently with a launch.
   virtual void abort() noexcept = 0;

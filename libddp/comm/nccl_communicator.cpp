@@ -15,14 +15,12 @@
 //    with ncclCommAbort (its kernels then return), and ends the process if a
 //    host thread is stuck inside an NCCL call past its deadline.
 
-#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
 
-#include <ATen/Functions.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -87,20 +85,6 @@ class NcclOp final : public BackendOp {
   at::cuda::CUDAEvent done;
 };
 
-/// Memory from ncclMemAlloc behind the tensors of a symmetric window, freed
-/// when both the communicator and every such tensor let go of it.
-struct SymmetricMemory {
-  explicit SymmetricMemory(void* data) : data(data) {}
-  ~SymmetricMemory() {
-    if (!free_on_release) return;  // the device may be stuck: never wait on it
-    // Kernels queued on any stream may still use it; freed memory under a
-    // running kernel is a fault, and this happens once, at the end.
-    if (cudaDeviceSynchronize() == cudaSuccess) ncclMemFree(data);
-  }
-  void* const data;
-  std::atomic<bool> free_on_release{true};
-};
-
 class NcclCommunicator final : public CommunicatorBase {
  public:
   NcclCommunicator(Setup setup, int device_index)
@@ -163,30 +147,10 @@ class NcclCommunicator final : public CommunicatorBase {
     return op;
   }
 
-  at::Tensor register_symmetric_window(std::int64_t bytes) override {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
-    c10::cuda::CUDAGuard guard(device_index_);
-    void* data = nullptr;
-    DDP_NCCL_CHECK(ncclMemAlloc(&data, static_cast<std::size_t>(bytes)), comm_);
-    auto memory = std::make_shared<SymmetricMemory>(data);
-    ncclWindow_t window = nullptr;
-    DDP_NCCL_CHECK(
-        ncclCommWindowRegister(comm_, data, static_cast<std::size_t>(bytes), &window, NCCL_WIN_COLL_SYMMETRIC), comm_);
-    // NCCL releases the window with the communicator; the memory outlives
-    // both the communicator and the tensors that use it.
-    symmetric_memory_.push_back(memory);
-    return at::from_blob(data, {bytes}, [memory](void*){}, at::TensorOptions().dtype(at::kByte).device(device()));
-#else
-    return CommunicatorBase::register_symmetric_window(bytes);
-#endif
-  }
-
   void abort() noexcept override {
     if (comm_ == nullptr) return;
     ncclCommAbort(comm_);
     comm_ = nullptr;
-    // A failure: whatever the device still runs may never end.
-    for (const auto& memory : symmetric_memory_) memory->free_on_release = false;
   }
 
   std::string poll_async_error() override {
@@ -293,15 +257,12 @@ class NcclCommunicator final : public CommunicatorBase {
     while (cudaStreamQuery(stream_.stream()) == cudaErrorNotReady && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    const bool idle = cudaStreamQuery(stream_.stream()) == cudaSuccess;
     abort();
-    for (const auto& memory : symmetric_memory_) memory->free_on_release = idle;
   }
 
   const c10::DeviceIndex device_index_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
-  std::vector<std::shared_ptr<SymmetricMemory>> symmetric_memory_;
 };
 
 }  // namespace

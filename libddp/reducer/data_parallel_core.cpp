@@ -19,7 +19,6 @@
 #include <ddp/optim.h>
 
 #include "checkpoint/module_state.h"
-#include "comm/communicator_base.h"
 #include "checkpoint/optimizer_param_state.h"
 #include "checkpoint/optimizer_state.h"
 #include "checkpoint/sharded_checkpoint.h"
@@ -156,16 +155,6 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
         "libddp: shard_units is set but sharding is none; units are gathered only in the sharded "
         "modes: set .sharding(ddp::Sharding::kFull) (or kOptimizer/kGradients, where units only "
         "pace the parameter gathers) or drop shard_units");
-  }
-  if (options.nccl_symmetric_buckets()) {
-    if (comm.backend() != Backend::kNccl || options.sharding() != Sharding::kNone) {
-      throw UsageError(fmt::format(
-          "libddp: nccl_symmetric_buckets needs the NCCL backend and Sharding::kNone, but this process group uses "
-          "{} and sharding is {}; drop .nccl_symmetric_buckets(true)",
-          to_string(comm.backend()), to_string(options.sharding())));
-    }
-    auto& base = static_cast<CommunicatorBase&>(comm);  // every process group's communicator is one
-    config.bucket_memory = [&base](std::int64_t bytes) { return base.symmetric_window(bytes); };
   }
   trained_ = trained;
   trained_names_ = names;

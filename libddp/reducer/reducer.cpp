@@ -40,7 +40,7 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
           names_[i], parameters_[i].device().str(), comm_.device().str()));
     }
   }
-  build_buckets(plan, /*final_layout=*/!rebuild_expected());
+  build_buckets(plan);
 }
 
 Reducer::~Reducer() {
@@ -90,7 +90,7 @@ void Reducer::follow_replaced_accumulators() {
   }
 }
 
-void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan, bool final_layout) {
+void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan) {
   c10::NoGradGuard no_grad;
   std::vector<Bucket> buckets;
   location_.assign(parameters_.size(), {0, 0});
@@ -107,70 +107,31 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan, b
       bucket.shard = config_.sharded->gradient_shard(buckets.size());
     }
     for (std::size_t slot = 0; slot < indices.size(); ++slot) location_[indices[slot]] = {buckets.size(), slot};
-    buckets.push_back(std::move(bucket));
-  }
-  // Without reduce nothing is ever gathered: the buckets only count readiness.
-  if (config_.reduce && !frees_buckets()) {
-    // Shared memory only for the final layout: memory registered for the
-    // first one would stay registered, unused, beside the rebuilt buckets'.
-    const std::vector<at::Tensor> memory =
-        config_.bucket_memory && final_layout ? shared_bucket_memory(buckets) : std::vector<at::Tensor>();
-    for (std::size_t b = 0; b < buckets.size(); ++b) {
-      Bucket& bucket = buckets[b];
-      allocate(bucket, memory.empty() ? at::Tensor() : memory[b]);
-      for (std::size_t slot = 0; slot < bucket.parameters.size(); ++slot) {
+    // Without reduce nothing is ever gathered: the buckets only count readiness.
+    if (config_.reduce && !frees_buckets()) {
+      allocate(bucket);
+      for (std::size_t slot = 0; slot < indices.size(); ++slot) {
         // Gradients accumulated so far (no_sync, or before a rebuild) move along.
-        at::Tensor& grad = parameters_[bucket.parameters[slot]].mutable_grad();
+        at::Tensor& grad = parameters_[indices[slot]].mutable_grad();
         if (!grad.defined()) continue;
         bucket.views[slot].copy_(grad);
         if (config_.gradient_as_bucket_view) grad = bucket.views[slot];
       }
     }
+    buckets.push_back(std::move(bucket));
   }
   buckets_ = std::move(buckets);
 }
 
-bool Reducer::rebuild_expected() const {
-  return config_.reduce && !config_.sharded && (!config_.find_unused_parameters || config_.static_graph);
-}
-
-std::vector<at::Tensor> Reducer::shared_bucket_memory(const std::vector<Bucket>& buckets) const {
-  // Every bucket starts at the same offset on every rank (what a symmetric
-  // window asks), aligned as NCCL asks of window offsets.
-  constexpr std::int64_t kAlignment = 4096;
-  std::vector<std::int64_t> offsets;
-  std::int64_t bytes = 0;
-  for (const Bucket& bucket : buckets) {
-    offsets.push_back(bytes);
-    const std::int64_t size = bucket.padded_numel * parameters_[bucket.parameters.front()].element_size();
-    bytes += (size + kAlignment - 1) / kAlignment * kAlignment;
-  }
-  const at::Tensor window = config_.bucket_memory(bytes);
-  std::vector<at::Tensor> memory;
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    const at::Tensor& first = parameters_[buckets[b].parameters.front()];
-    const std::int64_t size = buckets[b].padded_numel * first.element_size();
-    memory.push_back(window.narrow(0, offsets[b], size).view(first.scalar_type()));
-  }
-  return memory;
-}
-
 bool Reducer::frees_buckets() const { return config_.free_reduced_buckets && comm_.world_size() > 1; }
 
-void Reducer::allocate(Bucket& bucket, const at::Tensor& memory) const {
+void Reducer::allocate(Bucket& bucket) const {
   const at::Tensor& first = parameters_[bucket.parameters.front()];
   // On one rank this rank's shard is the whole bucket: reducing is a no-op
   // (unless the gradients come in a narrower dtype than the shard keeps).
   const bool shard_is_bucket =
       bucket.shard.defined() && comm_.world_size() == 1 && bucket.shard.scalar_type() == first.scalar_type();
-  if (shard_is_bucket) {
-    bucket.buffer = bucket.shard;
-  } else if (memory.defined()) {
-    bucket.buffer = memory;
-    bucket.buffer.zero_();
-  } else {
-    bucket.buffer = at::zeros({bucket.padded_numel}, first.options());
-  }
+  bucket.buffer = shard_is_bucket ? bucket.shard : at::zeros({bucket.padded_numel}, first.options());
   bucket.views.clear();
   std::int64_t offset = 0;
   for (std::size_t index : bucket.parameters) {
@@ -214,8 +175,9 @@ void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;  // a forward whose backward never ran (evaluation) leaves nothing behind
   follow_current_stream();
-  const bool rebuild =
-      rebuild_expected() && !rebuilt_ && reduced_iterations_ >= 1 && ready_order_.size() == parameters_.size();
+  const bool rebuild = config_.reduce && !config_.sharded && !rebuilt_ && reduced_iterations_ >= 1 &&
+                       (!config_.find_unused_parameters || config_.static_graph) &&
+                       ready_order_.size() == parameters_.size();
   if (!rebuild) return;
   if (detail::current_stream_capturing()) {
     throw UsageError(
@@ -231,8 +193,7 @@ void Reducer::prepare_for_forward() {
   order = order.cpu();
   const auto* indices = order.data_ptr<std::int64_t>();
   const std::vector<std::size_t> agreed(indices, indices + order.numel());
-  build_buckets(assign_buckets(parameters_, agreed, config_.first_bucket_bytes, config_.bucket_bytes),
-                /*final_layout=*/true);
+  build_buckets(assign_buckets(parameters_, agreed, config_.first_bucket_bytes, config_.bucket_bytes));
   rebuilt_ = true;
 }
 

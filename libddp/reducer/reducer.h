@@ -68,11 +68,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     /// Parameters with sparse gradients, kept out of the buckets: averaged
     /// at the end of each reduced backward.
     std::shared_ptr<SparseGradients> sparse;
-    /// Makes the memory of every bucket at once, as one tensor of the bytes
-    /// asked for (a symmetric window that the communicator registers on every
-    /// rank); called collectively, for the buckets' final layout only. Empty:
-    /// each bucket is its own allocation.
-    std::function<at::Tensor(std::int64_t bytes)> bucket_memory;
   };
 
   /// `plan`: the first buckets, indices into `parameters` (initial_buckets()).
@@ -131,14 +126,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
     std::unique_ptr<Communicator> observer;
   };
 
-  /// `final_layout`: these buckets are never rebuilt (they may take Config::bucket_memory).
-  void build_buckets(const std::vector<std::vector<std::size_t>>& plan, bool final_layout);
-  /// Config::bucket_memory carved into one aligned slice per bucket.
-  std::vector<at::Tensor> shared_bucket_memory(const std::vector<Bucket>& buckets) const;
-  /// Gives `bucket` its buffer (zeros; in `memory` when defined) and the views of it.
-  void allocate(Bucket& bucket, const at::Tensor& memory = {}) const;
-  /// Whether the buckets will be rebuilt in ready order after the first reduced iteration.
-  bool rebuild_expected() const;
+  void build_buckets(const std::vector<std::vector<std::size_t>>& plan);
+  /// Gives `bucket` its buffer (zeros) and the views of it.
+  void allocate(Bucket& bucket) const;
   /// kGradients on several ranks: buckets exist only between their gradients' arrival and their reduction.
   bool frees_buckets() const;
   void hook(std::size_t index, compat::GradAccumulatorPtr accumulator);

@@ -7,7 +7,6 @@
 
 #include <ddp/ddp.h>
 
-#include "support/collective_checks.h"
 #include "support/ddp_scenarios.h"
 #include "support/multiprocess.h"
 
@@ -229,25 +228,6 @@ TEST(DdpGlooOneRank, TrainsAsTheModuleAlone) {
     branchy.options.find_unused_parameters(true);
     check_matches_single_process(*pg, branchy);
     check_unused_parameter_is_reported(*pg);
-  }));
-}
-
-// NCCL's symmetric memory has no Gloo counterpart: asking for it is refused
-// at construction, naming the option.
-TEST(DdpGlooOneRank, NcclSymmetricBucketsAreRefused) {
-  expect_all_succeeded(run_ranks(1, [](int) {
-    auto pg = init_gloo();
-    torch::nn::Linear net(4, 2);
-    try {
-      ddp::DistributedDataParallel<torch::nn::Linear> model(
-          net, pg, ddp::DistributedDataParallelOptions().nccl_symmetric_buckets(true));
-    } catch (const ddp::UsageError& e) {
-      require_contains(e.what(),
-                       "nccl_symmetric_buckets needs the NCCL backend and Sharding::kNone, but this "
-                       "process group uses gloo");
-      return;
-    }
-    throw std::runtime_error("nccl_symmetric_buckets over Gloo was accepted");
   }));
 }
 

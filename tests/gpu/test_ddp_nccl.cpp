@@ -42,27 +42,6 @@ TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
   }));
 }
 
-// Buckets in NCCL symmetric memory from the rebuild on (the second
-// iteration): several buckets at their window offsets, reduced by NCCL's
-// symmetric kernels, train as one process does.
-TEST(DdpNccl, SymmetricBucketsMatchSingleProcess) {
-  expect_all_succeeded(run_ranks(2, [](int) {
-    auto pg = init_nccl();
-    Scenario scenario;
-    scenario.steps = 4;
-    scenario.options.nccl_symmetric_buckets(true).bucket_cap_mb(0.001).first_bucket_cap_mb(0.0005);
-    std::size_t buckets = 0;
-    check_matches_single_process(*pg, scenario, &buckets);
-    if (buckets < 2) throw std::runtime_error("the scenario was meant to have several buckets");
-    Scenario conv;
-    conv.model = Model::kConvBatchNorm;
-    conv.steps = 4;
-    conv.tolerance = 1e-4;  // cuDNN picks different convolution algorithms for different batch layouts
-    conv.options.nccl_symmetric_buckets(true);
-    check_matches_single_process(*pg, conv);
-  }));
-}
-
 // ZeRO-1 and ZeRO-2 over NCCL's reduce-scatter and in-place all-gather, with
 // the fused AdamW kernel on the shards: the Gloo suite's equivalences.
 TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
