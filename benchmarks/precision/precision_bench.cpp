@@ -1,6 +1,7 @@
 // Matmul throughput per precision policy at 8192^3, Float8Linear against a
 // bf16 Linear at LLaMA-1.1B shapes, and the bandwidth of the FP8 cast kernel
-// at those shapes, on one GPU, measured in the same run.
+// at those shapes against a device copy moving the same bytes, on one GPU,
+// measured in the same run.
 //
 //   build/benchmarks/precision/precision_bench --json results.json --markdown results.md
 //
@@ -161,8 +162,17 @@ int main(int argc, char** argv) try {
     cast.inverse_scale = torch::empty({}, f32);
     const double ms = time_ms(args, [&] { ddp::float8::cast_transpose(input, cast); });
     const double bytes = static_cast<double>(input.numel()) * (input.element_size() + 2);
+    // The yardstick: a device copy moving the same bytes (half read, half
+    // written), timed the same way, in the same process and minute.
+    const auto source = torch::empty({static_cast<std::int64_t>(bytes / 2)}, f32.dtype(torch::kByte));
+    auto destination = torch::empty_like(source);
+    const double copy_ms = time_ms(args, [&] { destination.copy_(source); });
+    const double copy_tbps = bytes / copy_ms / 1e9;
+    rows.push_back({"device copy", fmt::format("{:.1f} MB read and written", bytes / 1e6), copy_ms, 0.0, 0.0, "",
+                    copy_tbps});
     rows.push_back({fmt::format("FP8 cast, {} -> e4m3 + transpose + amax", c10::toString(dtype)),
-                    fmt::format("{} x {}", rows_count, cols), ms, 0.0, 0.0, "", bytes / ms / 1e9});
+                    fmt::format("{} x {}", rows_count, cols), ms, 0.0, bytes / ms / 1e9 / copy_tbps,
+                    "device copy (fraction of its bandwidth)", bytes / ms / 1e9});
   }
 
   const auto info = bench::run_info(0);
