@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <functional>
-#include <optional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 #include <vector>

@@ -274,20 +274,27 @@ std::pair<double, std::vector<torch::Tensor>> loss_and_gradients(Llama& model, c
   return {loss.item<double>(), gradients};
 }
 
+// `actual`'s loss and every gradient within `tolerance` of `expected`'s, whose
+// gradients are all non-zero (so that no parameter escapes the comparison).
+void expect_same_loss_and_gradients(const std::pair<double, std::vector<torch::Tensor>>& expected,
+                                    const std::pair<double, std::vector<torch::Tensor>>& actual,
+                                    const std::vector<std::string>& names, double tolerance) {
+  EXPECT_LE(std::abs(actual.first - expected.first), tolerance);
+  ASSERT_EQ(actual.second.size(), expected.second.size());
+  for (std::size_t i = 0; i < actual.second.size(); ++i) {
+    EXPECT_GT(expected.second[i].abs().max().item<double>(), 0.0) << names[i];
+    EXPECT_LE(max_difference(actual.second[i], expected.second[i]), tolerance) << names[i];
+  }
+}
+
 void expect_checkpointing_is_exact(const ddp::PrecisionPolicy& policy) {
   const auto config = LlamaConfig::preset("tiny");
   torch::manual_seed(0);
   Llama model(config);
   const torch::Tensor tokens = random_tokens(config, 2, 33);
-  const auto [plain_loss, plain_gradients] = loss_and_gradients(model, tokens, /*checkpointing=*/false, policy);
-  const auto [loss, gradients] = loss_and_gradients(model, tokens, /*checkpointing=*/true, policy);
-  EXPECT_LE(std::abs(loss - plain_loss), 1e-6);
-  ASSERT_EQ(gradients.size(), plain_gradients.size());
-  const auto names = model->named_parameters().keys();
-  for (std::size_t i = 0; i < gradients.size(); ++i) {
-    EXPECT_GT(plain_gradients[i].abs().max().item<double>(), 0.0) << names[i];
-    EXPECT_LE(max_difference(gradients[i], plain_gradients[i]), 1e-6) << names[i];
-  }
+  const auto plain = loss_and_gradients(model, tokens, /*checkpointing=*/false, policy);
+  const auto checkpointed = loss_and_gradients(model, tokens, /*checkpointing=*/true, policy);
+  expect_same_loss_and_gradients(plain, checkpointed, model->named_parameters().keys(), 1e-6);
 }
 
 // SDPA's grouped key/value heads (LibTorch 2.5 and newer) compute what the
@@ -305,17 +312,10 @@ TEST(Llama, GroupedKeyValueHeadsGiveTheLossAndGradientsOfRepeatedOnes) {
     for (auto& item : repeated->named_parameters()) item.value().copy_(source[item.key()]);
   }
   const torch::Tensor tokens = random_tokens(config, 2, 33);
-  const auto [grouped_loss, grouped_gradients] =
-      loss_and_gradients(grouped, tokens, /*checkpointing=*/false, ddp::Precision::kFp32);
-  const auto [loss, gradients] = loss_and_gradients(repeated, tokens, /*checkpointing=*/false, ddp::Precision::kFp32);
   // The key/value gradients are summed over each group in another order.
-  EXPECT_LE(std::abs(loss - grouped_loss), 1e-5);
-  const auto names = grouped->named_parameters().keys();
-  ASSERT_EQ(gradients.size(), grouped_gradients.size());
-  for (std::size_t i = 0; i < gradients.size(); ++i) {
-    EXPECT_GT(grouped_gradients[i].abs().max().item<double>(), 0.0) << names[i];
-    EXPECT_LE(max_difference(gradients[i], grouped_gradients[i]), 1e-5) << names[i];
-  }
+  expect_same_loss_and_gradients(loss_and_gradients(grouped, tokens, /*checkpointing=*/false, ddp::Precision::kFp32),
+                                 loss_and_gradients(repeated, tokens, /*checkpointing=*/false, ddp::Precision::kFp32),
+                                 grouped->named_parameters().keys(), 1e-5);
 }
 
 TEST(Llama, ActivationCheckpointingGivesTheSameGradients) { expect_checkpointing_is_exact(ddp::Precision::kFp32); }
