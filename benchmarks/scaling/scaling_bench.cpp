@@ -270,9 +270,21 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
     flags.fail(e.what());
   }
   if (flags.given("seq")) config.max_seq_len = flags.integer("seq");
-  config.fused_kernels = !flags.on("unfused");
-  // --unfused runs the reference model's ops, its repeated key/value heads included.
-  config.repeat_kv_heads = flags.on("unfused") || flags.on("repeat-kv-heads");
+  const bool unfused = flags.on("unfused");
+  std::set<std::string> unfuse;
+  for (std::size_t start = 0, end = 0; start < flags.str("unfuse").size(); start = end + 1) {
+    end = std::min(flags.str("unfuse").find(',', start), flags.str("unfuse").size());
+    const std::string name = flags.str("unfuse").substr(start, end - start);
+    if (name != "loss" && name != "residual-norm" && name != "fp32-weight-gradients") {
+      flags.fail("--unfuse takes loss, residual-norm and fp32-weight-gradients, comma-separated; got '" + name + "'");
+    }
+    unfuse.insert(name);
+  }
+  if (unfused) llama::use_reference_ops(config);
+  if (flags.on("repeat-kv-heads")) config.repeat_kv_heads = true;
+  if (unfuse.count("residual-norm") != 0) config.fused_residual_norm = false;
+  if (unfuse.count("fp32-weight-gradients") != 0) config.fp32_weight_gradients = false;
+  const bool fused_loss = config.fused_kernels && unfuse.count("loss") == 0;
   const std::int64_t seq = config.max_seq_len;
   llama::Llama model(config);
   model->to(device);
@@ -297,7 +309,7 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   Workload workload;
   workload.step = ddp_step(ddp_model, optimizer, [=] {
     ddp::PrecisionGuard guard(policy, device);
-    return llama::next_token_loss((*ddp_model)(inputs), targets);
+    return llama::next_token_loss((*ddp_model)(inputs), targets, fused_loss);
   });
   if (policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed) {
     // As train_llama: the ranks agree on their FP8 scales before each optimizer step.
@@ -316,8 +328,9 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   const bool fused_kernels_ran = config.fused_kernels && llama::ops::fused_kernels_built() && device.is_cuda();
   workload.json_fields = fmt::format(
       "\"model\": \"llama\", \"preset\": \"{}\", \"seq\": {}, \"image_size\": null, \"fp8_scaling\": {}, "
-      "\"fp8_fast_accum\": {}, \"fused_kernels\": {}, \"repeat_kv_heads\": {}",
-      flags.str("preset"), seq, fp8_scaling, fp8_fast_accum, fused_kernels_ran, config.repeat_kv_heads);
+      "\"fp8_fast_accum\": {}, \"fused_kernels\": {}, \"repeat_kv_heads\": {}, \"unfuse\": \"{}\"",
+      flags.str("preset"), seq, fp8_scaling, fp8_fast_accum, fused_kernels_ran, config.repeat_kv_heads,
+      fmt::join(unfuse, ","));
   return workload;
 }
 
@@ -349,8 +362,13 @@ int main(int argc, char** argv) try {
            "dtype the gradients are all-reduced in: fp32 | bf16 (comm_hooks::average_in, as PyTorch's "
            "bf16_compress_hook; only where there is more than one process)")
       .add_switch("unfused",
-                  "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE and SwiGLU, "
+                  "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE, SwiGLU, loss and "
+                  "repeated key/value heads, torch::nn::Linear's weight gradients, "
                   "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm)")
+      .add("unfuse", "",
+           "LLaMA: fusions to leave out, comma-separated, for the A/B of each: loss (ops::cross_entropy), "
+           "residual-norm (the residual add in the norm's kernel), fp32-weight-gradients "
+           "(ddp::Float8Options::fp32_weight_gradients); --unfused leaves out every fusion")
       .add_switch("repeat-kv-heads",
                   "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
                   "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")

@@ -1,7 +1,12 @@
 #include "fused_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -51,25 +56,35 @@ __device__ float block_sum(float value) {
 }
 
 // One block per row: the row (cols <= a few thousand) stays in L1 between the
-// pass that sums its squares and the pass that writes it.
-template <typename In, typename Out, int N>
-__global__ void rms_norm_forward_kernel(const In* __restrict__ x, const float* __restrict__ weight,
-                                        Out* __restrict__ y, float* __restrict__ rstd, int64_t cols, float eps) {
+// pass that sums its squares and the pass that writes it. kResidual: the row
+// normalised is x + delta, which the first pass also writes to `sum` (the
+// residual stream's next value) and the second reads back from there.
+template <typename In, typename Out, int N, bool kResidual>
+__global__ void rms_norm_forward_kernel(const In* __restrict__ x, const Out* __restrict__ delta, In* __restrict__ sum,
+                                        const float* __restrict__ weight, Out* __restrict__ y, float* __restrict__ rstd,
+                                        int64_t cols, float eps) {
   const int64_t row_offset = static_cast<int64_t>(blockIdx.x) * cols;
   const auto* xr = reinterpret_cast<const Pack<In, N>*>(x + row_offset);
   const auto* w = reinterpret_cast<const Pack<float, N>*>(weight);
   auto* yr = reinterpret_cast<Pack<Out, N>*>(y + row_offset);
+  auto* sr = reinterpret_cast<Pack<In, N>*>(sum + row_offset);
   const int64_t packs = cols / N;
   float squares = 0;
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    const Pack<In, N> p = xr[i];
+    Pack<In, N> p = xr[i];
+    if constexpr (kResidual) {
+      const Pack<Out, N> d = reinterpret_cast<const Pack<Out, N>*>(delta + row_offset)[i];
+#pragma unroll
+      for (int k = 0; k < N; ++k) p.v[k] = from_float<In>(to_float(p.v[k]) + to_float(d.v[k]));
+      sr[i] = p;
+    }
 #pragma unroll
     for (int k = 0; k < N; ++k) squares += to_float(p.v[k]) * to_float(p.v[k]);
   }
   const float r = rsqrtf(block_sum(squares) / static_cast<float>(cols) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-    const Pack<In, N> p = xr[i];
+    const Pack<In, N> p = kResidual ? sr[i] : xr[i];  // what this thread wrote above
     const Pack<float, N> wp = w[i];
     Pack<Out, N> out;
 #pragma unroll
@@ -84,11 +99,15 @@ __global__ void rms_norm_forward_kernel(const In* __restrict__ x, const float* _
 // and one ATen sum over the blocks finishes it.
 //   grad_x = rstd * (g * w - xhat * mean(g * w * xhat)),  xhat = x * rstd
 //   grad_w = sum over rows of g * xhat
-template <typename In, typename Out, int N>
-__global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const In* __restrict__ x,
-                                         const float* __restrict__ weight, const float* __restrict__ rstd,
-                                         In* __restrict__ grad_x, float* __restrict__ weight_partials, int64_t rows,
-                                         int64_t cols) {
+// kResidual: x was the sum of the residual stream and a delta; grad_x adds
+// the gradient `grad_sum` the sum got from its other reader (null: none),
+// and is written once more in the delta's dtype, as its gradient.
+template <typename In, typename Out, int N, bool kResidual>
+__global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const In* __restrict__ grad_sum,
+                                         const In* __restrict__ x, const float* __restrict__ weight,
+                                         const float* __restrict__ rstd, In* __restrict__ grad_x,
+                                         Out* __restrict__ grad_delta, float* __restrict__ weight_partials,
+                                         int64_t rows, int64_t cols) {
   const int64_t packs = cols / N;
   const auto* w = reinterpret_cast<const Pack<float, N>*>(weight);
   auto* partial = reinterpret_cast<Pack<float, N>*>(weight_partials + static_cast<int64_t>(blockIdx.x) * cols);
@@ -118,14 +137,125 @@ __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const I
       const Pack<In, N> xp = xr[i];
       const Pack<Out, N> gp = gr[i];
       const Pack<float, N> wp = w[i];
-      Pack<In, N> out;
+      Pack<float, N> grad;
 #pragma unroll
       for (int k = 0; k < N; ++k) {
         const float xhat = to_float(xp.v[k]) * r;
-        out.v[k] = from_float<In>(r * (to_float(gp.v[k]) * wp.v[k] - xhat * mean_dot));
+        grad.v[k] = r * (to_float(gp.v[k]) * wp.v[k] - xhat * mean_dot);
       }
+      if (kResidual && grad_sum != nullptr) {
+        const Pack<In, N> gs = reinterpret_cast<const Pack<In, N>*>(grad_sum + row * cols)[i];
+#pragma unroll
+        for (int k = 0; k < N; ++k) grad.v[k] += to_float(gs.v[k]);
+      }
+      Pack<In, N> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) out.v[k] = from_float<In>(grad.v[k]);
       dxr[i] = out;
+      if constexpr (kResidual) {
+        Pack<Out, N> out_delta;
+#pragma unroll
+        for (int k = 0; k < N; ++k) out_delta.v[k] = from_float<Out>(to_float(out.v[k]));
+        reinterpret_cast<Pack<Out, N>*>(grad_delta + row * cols)[i] = out_delta;
+      }
     }
+  }
+}
+
+/// Softmax statistics of a row: its running maximum and the sum of
+/// exp(x - max) over the elements seen.
+struct SoftmaxStats {
+  float max = -INFINITY;
+  float sum = 0;
+
+  __device__ void add(float x) {
+    if (x > max) {
+      sum = sum * expf(max - x) + 1.0f;
+      max = x;
+    } else {
+      sum += expf(x - max);
+    }
+  }
+
+  __device__ void merge(SoftmaxStats other) {
+    const float merged = fmaxf(max, other.max);
+    if (merged == -INFINITY) return;  // both empty (or all -inf)
+    sum = sum * expf(max - merged) + other.sum * expf(other.max - merged);
+    max = merged;
+  }
+};
+
+/// The statistics of the whole block's elements, returned to every thread.
+/// Every thread of the block must call it; blockDim.x a multiple of 32, at most kThreads.
+__device__ SoftmaxStats block_softmax_stats(SoftmaxStats stats) {
+  __shared__ SoftmaxStats warp_stats[kThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    SoftmaxStats other;
+    other.max = __shfl_xor_sync(0xffffffffu, stats.max, offset);
+    other.sum = __shfl_xor_sync(0xffffffffu, stats.sum, offset);
+    stats.merge(other);
+  }
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) warp_stats[threadIdx.x / 32] = stats;
+  __syncthreads();
+  SoftmaxStats total;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total.merge(warp_stats[w]);
+  return total;
+}
+
+// One block per row of logits: one pass for the row's softmax statistics
+// (online, as flash attention keeps them), whose log-sum-exp backward reuses.
+//   loss = log(sum(exp(x))) - x[target], 0 for an ignored row
+template <typename T, int N>
+__global__ void cross_entropy_forward_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets,
+                                             float* __restrict__ losses, float* __restrict__ log_sum_exp, int64_t vocab,
+                                             int64_t ignore_index) {
+  const int64_t row = blockIdx.x;
+  const T* row_logits = logits + row * vocab;
+  const auto* packs = reinterpret_cast<const Pack<T, N>*>(row_logits);
+  SoftmaxStats stats;
+  for (int64_t i = threadIdx.x; i < vocab / N; i += blockDim.x) {
+    const Pack<T, N> p = packs[i];
+#pragma unroll
+    for (int k = 0; k < N; ++k) stats.add(to_float(p.v[k]));
+  }
+  stats = block_softmax_stats(stats);
+  if (threadIdx.x == 0) {
+    const float lse = stats.max + logf(stats.sum);
+    log_sum_exp[row] = lse;
+    const int64_t target = targets[row];
+    if (target == ignore_index) {
+      losses[row] = 0;
+    } else {
+      CUDA_KERNEL_ASSERT(target >= 0 && target < vocab && "cross_entropy: target out of [0, vocab)");
+      losses[row] = lse - to_float(row_logits[target]);
+    }
+  }
+}
+
+//   grad = scale * (softmax(x) - onehot(target)), 0 for an ignored row,
+// scale (on the device) being the loss's gradient over the counted rows.
+template <typename T, int N>
+__global__ void cross_entropy_backward_kernel(const float* __restrict__ scale, const T* __restrict__ logits,
+                                              const int64_t* __restrict__ targets,
+                                              const float* __restrict__ log_sum_exp, T* __restrict__ grad,
+                                              int64_t vocab, int64_t ignore_index) {
+  const int64_t row = blockIdx.x;
+  const int64_t target = targets[row];
+  const float s = target == ignore_index ? 0.0f : *scale;
+  const float lse = log_sum_exp[row];
+  const auto* in = reinterpret_cast<const Pack<T, N>*>(logits + row * vocab);
+  auto* out = reinterpret_cast<Pack<T, N>*>(grad + row * vocab);
+  for (int64_t i = threadIdx.x; i < vocab / N; i += blockDim.x) {
+    const Pack<T, N> p = in[i];
+    Pack<T, N> g;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float onehot = i * N + k == target ? 1.0f : 0.0f;
+      g.v[k] = from_float<T>(s * (expf(to_float(p.v[k]) - lse) - onehot));
+    }
+    out[i] = g;
   }
 }
 
@@ -239,43 +369,62 @@ unsigned grid_for(int64_t packs) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min((packs + kThreads - 1) / kThreads, resident_blocks())));
 }
 
-}  // namespace
+struct NormForward {
+  at::Tensor y, rstd, sum;
+};
 
-std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
-                                                   at::ScalarType out_dtype) {
-  const char* what = "llama::kernels::rms_norm_forward";
+// rms_norm_forward, of x + delta where delta is defined.
+NormForward norm_forward(const char* what, const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                         double eps, at::ScalarType out_dtype) {
   check_input(x, x, what, "x");
   check_input(weight, x, what, "weight");
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) > 0 && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
                   weight.scalar_type() == at::kFloat,
               what, ": x [..., cols > 0] and fp32 weight [cols] expected, got ", x.sizes(), " and ", weight.sizes(),
               " ", weight.scalar_type());
+  const bool residual = delta.defined();
+  if (residual) {
+    check_input(delta, x, what, "delta");
+    TORCH_CHECK(delta.sizes() == x.sizes() && delta.scalar_type() == out_dtype, what, ": delta of x's shape ",
+                x.sizes(), " in the output dtype ", out_dtype, " expected, got ", delta.sizes(), " ",
+                delta.scalar_type());
+  }
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   TORCH_CHECK(rows <= INT32_MAX, what, ": too many rows (", rows, ")");
-  at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype));
-  at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
-  if (rows == 0) return {y, rstd};
+  NormForward out{at::empty(x.sizes(), x.options().dtype(out_dtype)), at::empty({rows}, x.options().dtype(at::kFloat)),
+                  residual ? at::empty_like(x) : at::Tensor()};
+  if (rows == 0) return out;
   const c10::cuda::CUDAGuard device_guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool vectorized = cols % 4 == 0 && aligned(x.data_ptr(), 4 * x.element_size()) &&
-                          aligned(weight.data_ptr(), 16) && aligned(y.data_ptr(), 4 * y.element_size());
+                          aligned(weight.data_ptr(), 16) && aligned(out.y.data_ptr(), 4 * out.y.element_size()) &&
+                          (!residual || (aligned(delta.data_ptr(), 4 * delta.element_size()) &&
+                                         aligned(out.sum.data_ptr(), 4 * out.sum.element_size())));
   with_cuda_type(x.scalar_type(), what, [&](auto in) {
     using In = typename decltype(in)::type;
-    with_cuda_type(out_dtype, what, [&](auto out) {
-      using Out = typename decltype(out)::type;
-      const auto launch = vectorized ? rms_norm_forward_kernel<In, Out, 4> : rms_norm_forward_kernel<In, Out, 1>;
+    with_cuda_type(out_dtype, what, [&](auto out_type) {
+      using Out = typename decltype(out_type)::type;
+      const auto launch =
+          residual
+              ? (vectorized ? rms_norm_forward_kernel<In, Out, 4, true> : rms_norm_forward_kernel<In, Out, 1, true>)
+              : (vectorized ? rms_norm_forward_kernel<In, Out, 4, false> : rms_norm_forward_kernel<In, Out, 1, false>);
       launch<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-          static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(), static_cast<Out*>(y.data_ptr()),
-          rstd.data_ptr<float>(), cols, static_cast<float>(eps));
+          static_cast<const In*>(x.data_ptr()), residual ? static_cast<const Out*>(delta.data_ptr()) : nullptr,
+          residual ? static_cast<In*>(out.sum.data_ptr()) : nullptr, weight.data_ptr<float>(),
+          static_cast<Out*>(out.y.data_ptr()), out.rstd.data_ptr<float>(), cols, static_cast<float>(eps));
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return {y, rstd};
+  return out;
 }
 
-std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
-                                                    const at::Tensor& weight, const at::Tensor& rstd) {
-  const char* what = "llama::kernels::rms_norm_backward";
+struct NormBackward {
+  at::Tensor grad_x, grad_weight, grad_delta;
+};
+
+// rms_norm_backward; with `residual`, also grad_sum (may be undefined) and grad_delta.
+NormBackward norm_backward(const char* what, const at::Tensor& grad_y, const at::Tensor& grad_sum, const at::Tensor& x,
+                           const at::Tensor& weight, const at::Tensor& rstd, bool residual) {
   check_input(grad_y, x, what, "grad_y");
   check_input(x, x, what, "x");
   check_input(weight, x, what, "weight");
@@ -284,30 +433,77 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, co
                   rstd.numel() == x.numel() / x.size(-1) && weight.scalar_type() == at::kFloat &&
                   rstd.scalar_type() == at::kFloat,
               what, ": grad_y and x [..., cols > 0], fp32 weight [cols] and rstd [rows] expected");
+  if (grad_sum.defined()) {
+    check_input(grad_sum, x, what, "grad_sum");
+    TORCH_CHECK(grad_sum.sizes() == x.sizes() && grad_sum.scalar_type() == x.scalar_type(), what,
+                ": grad_sum of x's shape and dtype expected");
+  }
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
-  at::Tensor grad_x = at::empty_like(x);
-  if (rows == 0) return {grad_x, at::zeros_like(weight)};
+  NormBackward out{at::empty_like(x), at::Tensor(), residual ? at::empty_like(grad_y) : at::Tensor()};
+  if (rows == 0) {
+    out.grad_weight = at::zeros_like(weight);
+    return out;
+  }
   const c10::cuda::CUDAGuard device_guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const unsigned blocks = static_cast<unsigned>(std::min(rows, resident_blocks()));
   at::Tensor weight_partials = at::empty({blocks, cols}, weight.options());
-  const bool vectorized = cols % 4 == 0 && aligned(x.data_ptr(), 4 * x.element_size()) &&
-                          aligned(grad_y.data_ptr(), 4 * grad_y.element_size()) &&
-                          aligned(grad_x.data_ptr(), 4 * grad_x.element_size()) && aligned(weight.data_ptr(), 16) &&
+  const auto fits_packs = [](const at::Tensor& t) {
+    return !t.defined() || aligned(t.data_ptr(), 4 * t.element_size());
+  };
+  const bool vectorized = cols % 4 == 0 && fits_packs(x) && fits_packs(grad_y) && fits_packs(out.grad_x) &&
+                          fits_packs(grad_sum) && fits_packs(out.grad_delta) && aligned(weight.data_ptr(), 16) &&
                           aligned(weight_partials.data_ptr(), 16);
   with_cuda_type(x.scalar_type(), what, [&](auto in) {
     using In = typename decltype(in)::type;
-    with_cuda_type(grad_y.scalar_type(), what, [&](auto out) {
-      using Out = typename decltype(out)::type;
-      const auto launch = vectorized ? rms_norm_backward_kernel<In, Out, 4> : rms_norm_backward_kernel<In, Out, 1>;
-      launch<<<blocks, kThreads, 0, stream>>>(static_cast<const Out*>(grad_y.data_ptr()),
-                                              static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(),
-                                              rstd.data_ptr<float>(), static_cast<In*>(grad_x.data_ptr()),
-                                              weight_partials.data_ptr<float>(), rows, cols);
+    with_cuda_type(grad_y.scalar_type(), what, [&](auto out_type) {
+      using Out = typename decltype(out_type)::type;
+      const auto launch =
+          residual
+              ? (vectorized ? rms_norm_backward_kernel<In, Out, 4, true> : rms_norm_backward_kernel<In, Out, 1, true>)
+              : (vectorized ? rms_norm_backward_kernel<In, Out, 4, false>
+                            : rms_norm_backward_kernel<In, Out, 1, false>);
+      launch<<<blocks, kThreads, 0, stream>>>(
+          static_cast<const Out*>(grad_y.data_ptr()),
+          grad_sum.defined() ? static_cast<const In*>(grad_sum.data_ptr()) : nullptr,
+          static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(), rstd.data_ptr<float>(),
+          static_cast<In*>(out.grad_x.data_ptr()), residual ? static_cast<Out*>(out.grad_delta.data_ptr()) : nullptr,
+          weight_partials.data_ptr<float>(), rows, cols);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
-  return {grad_x, weight_partials.sum(0)};
+  out.grad_weight = weight_partials.sum(0);
+  return out;
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                                   at::ScalarType out_dtype) {
+  NormForward out = norm_forward("llama::kernels::rms_norm_forward", x, at::Tensor(), weight, eps, out_dtype);
+  return {std::move(out.y), std::move(out.rstd)};
+}
+
+std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
+                                                    const at::Tensor& weight, const at::Tensor& rstd) {
+  NormBackward out = norm_backward("llama::kernels::rms_norm_backward", grad_y, at::Tensor(), x, weight, rstd,
+                                   /*residual=*/false);
+  return {std::move(out.grad_x), std::move(out.grad_weight)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
+                                                                    const at::Tensor& weight, double eps,
+                                                                    at::ScalarType out_dtype) {
+  NormForward out = norm_forward("llama::kernels::add_rms_norm_forward", x, delta, weight, eps, out_dtype);
+  return {std::move(out.sum), std::move(out.y), std::move(out.rstd)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& grad_y,
+                                                                     const at::Tensor& grad_sum, const at::Tensor& sum,
+                                                                     const at::Tensor& weight, const at::Tensor& rstd) {
+  NormBackward out =
+      norm_backward("llama::kernels::add_rms_norm_backward", grad_y, grad_sum, sum, weight, rstd, /*residual=*/true);
+  return {std::move(out.grad_x), std::move(out.grad_delta), std::move(out.grad_weight)};
 }
 
 at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
@@ -398,6 +594,81 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, cons
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {grad_gate, grad_up};
+}
+
+namespace {
+
+/// Logits [rows, vocab] and int64 targets [rows] on one device, contiguous.
+void check_cross_entropy_inputs(const char* what, const at::Tensor& logits, const at::Tensor& targets) {
+  check_input(logits, logits, what, "logits");
+  check_input(targets, logits, what, "targets");
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && targets.dim() == 1 && targets.size(0) == logits.size(0) &&
+                  targets.scalar_type() == at::kLong,
+              what, ": logits [rows, vocab > 0] and int64 targets [rows] expected, got ", logits.sizes(), " and ",
+              targets.sizes(), " ", targets.scalar_type());
+  TORCH_CHECK(logits.size(0) <= INT32_MAX, what, ": too many rows (", logits.size(0), ")");
+}
+
+/// Calls f(Type<T>{}, pack) with pack 16 bytes of T where `tensors` allow it, else 1.
+template <typename F>
+void with_pack(const at::Tensor& logits, std::initializer_list<const void*> pointers, const char* what, F&& f) {
+  with_cuda_type(logits.scalar_type(), what, [&](auto type) {
+    using T = typename decltype(type)::type;
+    constexpr int kPack = 16 / sizeof(T);
+    bool vectorized = logits.size(1) % kPack == 0;
+    for (const void* pointer : pointers) vectorized = vectorized && aligned(pointer, 16);
+    if (vectorized) {
+      f(type, std::integral_constant<int, kPack>{});
+    } else {
+      f(type, std::integral_constant<int, 1>{});
+    }
+  });
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
+                                                        int64_t ignore_index) {
+  const char* what = "llama::kernels::cross_entropy_forward";
+  check_cross_entropy_inputs(what, logits, targets);
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  at::Tensor losses = at::empty({rows}, logits.options().dtype(at::kFloat));
+  at::Tensor log_sum_exp = at::empty({rows}, logits.options().dtype(at::kFloat));
+  if (rows == 0) return {losses, log_sum_exp};
+  const c10::cuda::CUDAGuard device_guard(logits.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_pack(logits, {logits.data_ptr()}, what, [&](auto type, auto pack) {
+    using T = typename decltype(type)::type;
+    cross_entropy_forward_kernel<T, decltype(pack)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(logits.data_ptr()), targets.data_ptr<int64_t>(), losses.data_ptr<float>(),
+        log_sum_exp.data_ptr<float>(), vocab, ignore_index);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {losses, log_sum_exp};
+}
+
+at::Tensor cross_entropy_backward(const at::Tensor& scale, const at::Tensor& logits, const at::Tensor& targets,
+                                  const at::Tensor& log_sum_exp, int64_t ignore_index) {
+  const char* what = "llama::kernels::cross_entropy_backward";
+  check_cross_entropy_inputs(what, logits, targets);
+  check_input(scale, logits, what, "scale");
+  check_input(log_sum_exp, logits, what, "log_sum_exp");
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == at::kFloat && log_sum_exp.scalar_type() == at::kFloat &&
+                  log_sum_exp.numel() == logits.size(0),
+              what, ": an fp32 scale of one element and fp32 log_sum_exp [rows] expected");
+  at::Tensor grad = at::empty_like(logits);
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  if (rows == 0) return grad;
+  const c10::cuda::CUDAGuard device_guard(logits.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_pack(logits, {logits.data_ptr(), grad.data_ptr()}, what, [&](auto type, auto pack) {
+    using T = typename decltype(type)::type;
+    cross_entropy_backward_kernel<T, decltype(pack)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        scale.data_ptr<float>(), static_cast<const T*>(logits.data_ptr()), targets.data_ptr<int64_t>(),
+        log_sum_exp.data_ptr<float>(), static_cast<T*>(grad.data_ptr()), vocab, ignore_index);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return grad;
 }
 
 }  // namespace llama::kernels

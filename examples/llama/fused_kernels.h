@@ -12,6 +12,8 @@
 // here: fused_ops.cpp includes it. Defined only where fused_kernels.cu is
 // compiled (LLAMA_WITH_CUDA_KERNELS).
 
+#include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -30,6 +32,21 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x,
                                                     const at::Tensor& weight, const at::Tensor& rstd);
 
+/// The residual stream's next value h = x + delta and rms_norm_forward of
+/// it, in one pass: {h (x's dtype), y (out_dtype), rstd}. delta has x's
+/// shape and dtype `out_dtype` (the residual branch's output, in the
+/// dtype the linear layers compute in).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_forward(const at::Tensor& x, const at::Tensor& delta,
+                                                                    const at::Tensor& weight, double eps,
+                                                                    at::ScalarType out_dtype);
+
+/// The gradients of add_rms_norm_forward, given grad_y and grad_h, the
+/// gradient h got from its other reader (undefined: none): {grad_x (h's
+/// dtype), grad_delta (grad_y's dtype, the same values), grad_weight (fp32)}.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& grad_h,
+                                                                     const at::Tensor& h, const at::Tensor& weight,
+                                                                     const at::Tensor& rstd);
+
 /// Rotates consecutive feature pairs of x [batch, seq, heads, head_dim] by the
 /// angles of their position: (e, o) -> (e cos - o sin, e sin + o cos), with
 /// cos and sin [seq, head_dim / 2] fp32. `inverse` rotates by the negated
@@ -42,5 +59,17 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 /// The gradients of swiglu_forward: {grad_gate, grad_up}.
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& grad_y, const at::Tensor& gate,
                                                   const at::Tensor& up);
+
+/// Cross entropy of each row of logits [rows, vocab] (fp32, bf16 or fp16)
+/// against int64 targets [rows], in fp32, one pass over the logits:
+/// {losses [rows] (0 where the target is ignore_index), log_sum_exp [rows]}.
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
+                                                        int64_t ignore_index);
+
+/// The logits' gradient, in their dtype: scale * (softmax(logits) -
+/// onehot(targets)) per row, zero for ignored rows, scale an fp32 tensor of
+/// one element on the device (the loss's gradient over the rows it averaged).
+at::Tensor cross_entropy_backward(const at::Tensor& scale, const at::Tensor& logits, const at::Tensor& targets,
+                                  const at::Tensor& log_sum_exp, int64_t ignore_index);
 
 }  // namespace llama::kernels

@@ -1,6 +1,8 @@
 #include "fused_ops.h"
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 
 #include <torch/autograd.h>
 #include <torch/torch.h>
@@ -69,6 +71,55 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
   }
 };
 
+struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& delta,
+                               const torch::Tensor& weight, double eps, c10::ScalarType out_dtype) {
+    const torch::Tensor weight32 = weight.to(torch::kFloat).contiguous();
+    auto [h, y, rstd] = kernels::add_rms_norm_forward(x.contiguous(), delta.contiguous(), weight32, eps, out_dtype);
+    ctx->save_for_backward({h, weight32, rstd});
+    ctx->saved_data["weight_dtype"] = weight.scalar_type();
+    ctx->saved_data["out_dtype"] = out_dtype;
+    return {h, y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    check_not_differentiated_twice("add_rms_norm");
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& grad_h = grad_outputs[0];
+    torch::Tensor grad_y = grad_outputs[1];
+    // h alone was used: the norm's output gradient is zero.
+    if (!grad_y.defined())
+      grad_y = torch::zeros(saved[0].sizes(), saved[0].options().dtype(ctx->saved_data["out_dtype"].toScalarType()));
+    auto [grad_x, grad_delta, grad_weight] = kernels::add_rms_norm_backward(
+        grad_y.contiguous(), grad_h.defined() ? grad_h.contiguous() : grad_h, saved[0], saved[1], saved[2]);
+    return {grad_x, grad_delta, grad_weight.to(ctx->saved_data["weight_dtype"].toScalarType()), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
+
+// Backward keeps the logits (in their dtype) and one fp32 log-sum-exp per
+// row, not ATen's fp32 copy of the logits and their fp32 log-softmax.
+struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
+  static constexpr int64_t kIgnoreIndex = -100;  // torch::nn::functional::cross_entropy's default
+
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+    const torch::Tensor rows = logits.contiguous();
+    const torch::Tensor labels = targets.contiguous();
+    auto [losses, log_sum_exp] = kernels::cross_entropy_forward(rows, labels, kIgnoreIndex);
+    // The mean over the rows not ignored, as ATen's (0 / 0 where all are).
+    const torch::Tensor counted = labels.ne(kIgnoreIndex).sum().to(torch::kFloat);
+    ctx->save_for_backward({rows, labels, log_sum_exp, counted});
+    return losses.sum() / counted;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    check_not_differentiated_twice("cross_entropy");
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor scale = (grad_outputs[0].to(torch::kFloat) / saved[3]).reshape({1});
+    return {kernels::cross_entropy_backward(scale, saved[0], saved[1], saved[2], kIgnoreIndex), torch::Tensor()};
+  }
+};
+
 struct FusedRotation : torch::autograd::Function<FusedRotation> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
                                const torch::Tensor& sin) {
@@ -101,6 +152,19 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   }
 };
 
+/// The dtype the fused RMSNorm of x returns (x's, or under CUDA autocast an
+/// fp32 x's autocast dtype), or nullopt where the kernel does not apply.
+std::optional<c10::ScalarType> fused_norm_dtype(const torch::Tensor& x, const torch::Tensor& weight, bool fused) {
+  if (!fused || !x.is_cuda() || !kernel_dtype(x) || x.dim() < 1 || x.size(-1) == 0 || weight.dim() != 1 ||
+      weight.size(0) != x.size(-1) || weight.device() != x.device()) {
+    return std::nullopt;
+  }
+  c10::ScalarType out_dtype = x.scalar_type();
+  const ddp::AutocastState autocast = ddp::AutocastState::current(c10::DeviceType::CUDA);
+  if (out_dtype == torch::kFloat && autocast.enabled) out_dtype = autocast.dtype;
+  return out_dtype;
+}
+
 bool fits_swiglu_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
   return gate.is_cuda() && kernel_dtype(gate) && gate.scalar_type() == up.scalar_type() &&
          gate.sizes() == up.sizes() && gate.device() == up.device();
@@ -113,15 +177,34 @@ bool fused_kernels_built() { return LLAMA_WITH_CUDA_KERNELS != 0; }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS
-  if (fused && x.is_cuda() && kernel_dtype(x) && x.dim() >= 1 && x.size(-1) > 0 && weight.dim() == 1 &&
-      weight.size(0) == x.size(-1) && weight.device() == x.device()) {
-    c10::ScalarType out_dtype = x.scalar_type();
-    const ddp::AutocastState autocast = ddp::AutocastState::current(c10::DeviceType::CUDA);
-    if (out_dtype == torch::kFloat && autocast.enabled) out_dtype = autocast.dtype;
-    return FusedRmsNorm::apply(x, weight, eps, out_dtype);
-  }
+  if (const auto out_dtype = fused_norm_dtype(x, weight, fused)) return FusedRmsNorm::apply(x, weight, eps, *out_dtype);
 #endif
   return rms_norm_aten(x, weight, eps);
+}
+
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                     const torch::Tensor& weight, double eps, bool fused) {
+#if LLAMA_WITH_CUDA_KERNELS
+  const auto out_dtype = fused_norm_dtype(x, weight, fused);
+  if (out_dtype && delta.sizes() == x.sizes() && delta.scalar_type() == *out_dtype && delta.device() == x.device()) {
+    const auto outputs = FusedAddRmsNorm::apply(x, delta, weight, eps, *out_dtype);
+    return {outputs[0], outputs[1]};
+  }
+#endif
+  torch::Tensor h = x + delta;
+  torch::Tensor normed = rms_norm(h, weight, eps, fused);
+  return {std::move(h), std::move(normed)};
+}
+
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, [[maybe_unused]] bool fused) {
+#if LLAMA_WITH_CUDA_KERNELS
+  if (fused && logits.is_cuda() && kernel_dtype(logits) && logits.dim() == 2 && logits.size(1) > 0 &&
+      targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == torch::kLong &&
+      targets.device() == logits.device()) {
+    return FusedCrossEntropy::apply(logits, targets);
+  }
+#endif
+  return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);
 }
 
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,

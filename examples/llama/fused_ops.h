@@ -9,6 +9,8 @@
 // passes are not themselves differentiable: asking for gradients of
 // gradients (create_graph) through them is an error.
 
+#include <utility>
+
 #include <torch/types.h>
 
 #include <ddp/float8.h>
@@ -24,6 +26,23 @@ bool fused_kernels_built();
 /// autocast would round it to anyway, so the values are the same and a
 /// full-size fp32 tensor and its cast are saved.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool fused);
+
+/// {h, rms_norm(h, weight, eps, fused)} with h = x + delta: a pre-norm
+/// block's residual add and the norm of the next sub-layer's input. Fused
+/// (where rms_norm is, and delta has x's shape and the dtype the norm
+/// returns): one kernel forward and one backward, instead of the add, the
+/// norm, and in backward the norm's gradient, its sum with h's other
+/// gradient and that sum's cast to delta's dtype.
+std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                     const torch::Tensor& weight, double eps, bool fused);
+
+/// Mean cross entropy of int64 targets [rows] under logits [rows, vocab],
+/// computed in fp32 whatever the logits' dtype; targets of -100 are left out
+/// of the mean (torch::nn::functional::cross_entropy's ignore_index). Fused:
+/// one kernel forward, keeping one log-sum-exp per row, and one backward
+/// writing the logits' gradient in their dtype, instead of an fp32 copy of
+/// the logits, its log-softmax and their gradients.
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, bool fused);
 
 /// Rotates consecutive feature pairs of x [batch, seq, heads, head_dim]
 /// (Meta's interleaved layout) by the angles of their position:

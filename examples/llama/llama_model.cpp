@@ -41,9 +41,9 @@ const LlamaConfig& checked(const LlamaConfig& config) {
   return config;
 }
 
-ddp::Float8Linear linear(std::int64_t in_features, std::int64_t out_features) {
+ddp::Float8Linear linear(std::int64_t in_features, std::int64_t out_features, bool fp32_weight_gradients) {
   return ddp::Float8Linear(torch::nn::LinearOptions(in_features, out_features).bias(false),
-                           ddp::Float8Options().enabled(false));
+                           ddp::Float8Options().enabled(false).fp32_weight_gradients(fp32_weight_gradients));
 }
 
 // LibTorch 2.5 gave scaled_dot_product_attention grouped key/value heads (enable_gqa).
@@ -195,10 +195,11 @@ AttentionImpl::AttentionImpl(const LlamaConfig& config)
       n_kv_heads(config.n_kv_heads),
       head_dim(config.head_dim()),
       repeat_kv_heads(config.repeat_kv_heads) {
-  wq = register_module("wq", linear(config.dim, n_heads * head_dim));
-  wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim));
-  wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim));
-  wo = register_module("wo", linear(n_heads * head_dim, config.dim));
+  const bool fp32_grads = config.fp32_weight_gradients;
+  wq = register_module("wq", linear(config.dim, n_heads * head_dim, fp32_grads));
+  wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim, fp32_grads));
+  wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim, fp32_grads));
+  wo = register_module("wo", linear(n_heads * head_dim, config.dim, fp32_grads));
   // In FP8 the normalised input is cast once for the three projections.
   ddp::float8::share_input_cast({wq.get(), wk.get(), wv.get()});
 }
@@ -222,10 +223,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rot
   return wo(causal_attention(q, k, v).transpose(1, 2).reshape({batch, seq, n_heads * head_dim}));
 }
 
-FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fused) : fused(fused) {
-  w1 = register_module("w1", linear(dim, hidden));
-  w2 = register_module("w2", linear(hidden, dim));
-  w3 = register_module("w3", linear(dim, hidden));
+FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fused, bool fp32_weight_gradients)
+    : fused(fused) {
+  w1 = register_module("w1", linear(dim, hidden, fp32_weight_gradients));
+  w2 = register_module("w2", linear(hidden, dim, fp32_weight_gradients));
+  w3 = register_module("w3", linear(dim, hidden, fp32_weight_gradients));
   ddp::float8::share_input_cast({w1.get(), w3.get()});
 }
 
@@ -233,17 +235,26 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
   return ops::swiglu_down(w1(x), w3(x), *w2, *w1, *w3, fused);
 }
 
-TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config) {
+TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config)
+    : fused_residual_norm(config.fused_kernels && config.fused_residual_norm) {
   attention_norm = register_module("attention_norm", RMSNorm(config.dim, config.norm_eps, config.fused_kernels));
   attention = register_module("attention", Attention(config));
   ffn_norm = register_module("ffn_norm", RMSNorm(config.dim, config.norm_eps, config.fused_kernels));
-  feed_forward =
-      register_module("feed_forward", FeedForward(config.dim, config.ffn_hidden, config.fused_kernels));
+  feed_forward = register_module(
+      "feed_forward", FeedForward(config.dim, config.ffn_hidden, config.fused_kernels, config.fp32_weight_gradients));
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
-  const torch::Tensor h = x + attention(attention_norm(x), rotation);
-  return h + feed_forward(ffn_norm(h));
+  const torch::Tensor attended = attention(attention_norm(x), rotation);
+  if (!fused_residual_norm) {
+    const torch::Tensor h = x + attended;
+    return h + feed_forward(ffn_norm(h));
+  }
+  // In fp32 (the residual stream's dtype) where autocast computes the
+  // attention in bf16: the fused kernel adds, normalises, and returns the
+  // bf16 input of the feed-forward's linear layers.
+  const auto [h, normed] = ops::add_rms_norm(x, attended, ffn_norm->weight, ffn_norm->eps, /*fused=*/true);
+  return h + feed_forward(normed);
 }
 
 LlamaImpl::LlamaImpl(const LlamaConfig& config)
@@ -256,7 +267,9 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config)
   // A tied head is the embedding's weight itself, not a second module holding
   // it: LibTorch's parameters() does not deduplicate, so a shared tensor
   // registered twice would be counted, and optimized, twice.
-  if (!config.tie_embeddings) output = register_module("output", linear(config.dim, config.vocab_size));
+  if (!config.tie_embeddings) {
+    output = register_module("output", linear(config.dim, config.vocab_size, config.fp32_weight_gradients));
+  }
 
   torch::NoGradGuard no_grad;
   for (const auto& module : modules(/*include_self=*/false)) {

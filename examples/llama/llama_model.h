@@ -43,6 +43,14 @@ struct LlamaConfig {
   /// model do) instead of handing SDPA the grouped heads (enable_gqa, LibTorch
   /// 2.5 and newer; older ones always repeat).
   bool repeat_kv_heads = false;
+  /// With fused_kernels, each block's residual add before the feed-forward's
+  /// norm runs in the norm's kernel (ops::add_rms_norm); false keeps the add
+  /// separate (the A/B of that alone).
+  bool fused_residual_norm = true;
+  /// The linear layers' weight gradients leave their GEMMs in fp32 under
+  /// CUDA autocast (ddp::Float8Options::fp32_weight_gradients); false rounds
+  /// them to the autocast dtype first, as torch::nn::Linear does.
+  bool fp32_weight_gradients = true;
 
   /// "tiny" (byte-level, for CPU tests), "tinyllama-1.1b" or "llama2-7b".
   /// std::invalid_argument listing the valid names otherwise.
@@ -107,7 +115,7 @@ TORCH_MODULE(Attention);
 
 /// SwiGLU: w2(silu(w1 x) * w3 x).
 struct FeedForwardImpl : torch::nn::Module {
-  FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fused = true);
+  FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fused = true, bool fp32_weight_gradients = true);
   torch::Tensor forward(const torch::Tensor& x);
 
   bool fused;
@@ -115,10 +123,12 @@ struct FeedForwardImpl : torch::nn::Module {
 };
 TORCH_MODULE(FeedForward);
 
-/// Pre-norm residual block: x + attention(norm(x)), then h + feed_forward(norm(h)).
+/// Pre-norm residual block: h = x + attention(norm(x)), then h + feed_forward(norm(h)).
 struct TransformerBlockImpl : torch::nn::Module {
   explicit TransformerBlockImpl(const LlamaConfig& config);
   torch::Tensor forward(const torch::Tensor& x, const Rotation& rotation);
+
+  bool fused_residual_norm;  ///< LlamaConfig::fused_residual_norm
 
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
   Attention attention{nullptr};

@@ -6,7 +6,15 @@
 
 #include <ddp/errors.h>
 
+#include "fused_ops.h"
+
 namespace llama {
+
+void use_reference_ops(LlamaConfig& config) {
+  config.fused_kernels = false;
+  config.repeat_kv_heads = true;
+  config.fp32_weight_gradients = false;
+}
 
 ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling,
                                            bool fast_accumulation_forward) {
@@ -61,8 +69,8 @@ std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(const ddp::DistributedDataPar
   return std::make_unique<ddp::optim::FusedAdamW>(std::move(groups), adamw);
 }
 
-at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused) {
+  return ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), fused);
 }
 
 }  // namespace llama

@@ -18,6 +18,11 @@
 
 namespace llama {
 
+/// The ATen ops of PyTorch's reference model everywhere (the --unfused
+/// flag): no fused kernels, repeated key/value heads, torch::nn::Linear's
+/// weight gradients; next_token_loss then takes fused = config.fused_kernels.
+void use_reference_ops(LlamaConfig& config);
+
 /// FP8 in every linear layer but the output head, which stays in bf16 as
 /// Transformer Engine and torchao recommend: its logits feed the softmax
 /// directly. `scaling` and `fast_accumulation_forward`: the recipe, with
@@ -45,7 +50,8 @@ std::unique_ptr<ddp::optim::FusedAdamW> make_adamw(const ddp::DistributedDataPar
                                                    double beta2, double weight_decay);
 
 /// Mean cross entropy of predicting `targets` [batch, seq] from `logits`
-/// [batch, seq, vocab], computed in fp32 whatever the logits' dtype.
-at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets);
+/// [batch, seq, vocab], computed in fp32 whatever the logits' dtype; `fused`:
+/// ops::cross_entropy's kernels where they apply.
+at::Tensor next_token_loss(const at::Tensor& logits, const at::Tensor& targets, bool fused = true);
 
 }  // namespace llama

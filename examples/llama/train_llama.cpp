@@ -40,7 +40,7 @@ at::Tensor next_token_loss(DataParallelLlama& model, const at::Tensor& tokens, c
   const std::int64_t length = tokens.size(1) - 1;
   ddp::PrecisionGuard guard(policy, device);
   const at::Tensor logits = model(tokens.narrow(1, 0, length));
-  return llama::next_token_loss(logits, tokens.narrow(1, 1, length));
+  return llama::next_token_loss(logits, tokens.narrow(1, 1, length), model.module()->config.fused_kernels);
 }
 
 }  // namespace
@@ -64,6 +64,9 @@ int main(int argc, char** argv) try {
       .add("data", "synthetic", "'synthetic', or a token file (make_tokens; llm.c or nanoGPT layout)")
       .add("val-data", "", "token file for validation (default: the training data, in file order)")
       .add("eval-batches", "10", "validation batches per rank at each evaluation")
+      .add_switch("unfused",
+                  "the ATen ops of PyTorch's reference model instead of the fused kernels and GEMM epilogues "
+                  "(to compare the loss curves)")
       .add_switch("activation-checkpointing", "recompute each block's activations in backward to save memory")
       .add("sharding", "none",
            "what each rank keeps whole: none (plain DDP) | optimizer (ZeRO-1: optimizer state sharded) | gradients "
@@ -104,6 +107,7 @@ int main(int argc, char** argv) try {
                            config.n_heads, config.n_kv_heads));
   }
   config.activation_checkpointing = flags.on("activation-checkpointing");
+  if (flags.on("unfused")) llama::use_reference_ops(config);
   const std::int64_t batch = flags.integer("batch");
   if (batch < 1) flags.fail("--batch must be at least 1");
 

@@ -46,8 +46,17 @@ struct Float8Options {
   /// cuBLAS fast accumulation in the forward matmul (torchao's default).
   /// Off by default: every product is accumulated in fp32.
   TORCH_ARG(bool, fast_accumulation_forward) = false;
-  /// Off, the layer is exactly torch::nn::Linear.
+  /// Off, the layer computes what torch::nn::Linear does (but see fp32_weight_gradients).
   TORCH_ARG(bool, enabled) = true;
+  /// With FP8 off, under CUDA autocast to bf16 or fp16, for an fp32 weight:
+  /// the weight gradient leaves its GEMM in fp32 (products accumulated in
+  /// fp32 and rounded once, as Megatron-LM's gradient-accumulation fusion
+  /// does) instead of being rounded to the autocast dtype and converted back
+  /// to fp32 as torch::nn::Linear's is, which costs a pass over every weight
+  /// gradient each step. Input gradient and output are autocast's, exactly.
+  /// Needs LibTorch 2.9 or newer (at::mm with an out_dtype); elsewhere, and
+  /// off, the layer is exactly torch::nn::Linear.
+  TORCH_ARG(bool, fp32_weight_gradients) = true;
 };
 
 class Float8LinearImpl;
@@ -70,8 +79,9 @@ class SharedInputCast;
 /// LibTorch modules hold their children in typed members, so no function can
 /// swap a `torch::nn::Linear` member for another type after construction.
 /// Declare the layers that may run in FP8 as Float8Linear instead: with
-/// `enabled(false)` it computes exactly what torch::nn::Linear does, and
-/// enable_float8() switches it on.
+/// `enabled(false)` it computes what torch::nn::Linear does (to the rounding
+/// of the weight gradient under autocast: Float8Options::fp32_weight_gradients),
+/// and enable_float8() switches it on.
 class DDP_API Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
  public:
   /// As torch::nn::Linear(in_features, out_features), FP8 on (current scaling).

@@ -18,6 +18,9 @@
 // returned) in 2.4, which is what Float8Linear calls.
 #define DDP_TORCH_HAS_FLOAT8 DDP_TORCH_AT_LEAST(2, 1)
 #define DDP_TORCH_HAS_SCALED_MM DDP_TORCH_AT_LEAST(2, 4)
+// at::mm with an out_dtype: bf16/fp16 operands, products accumulated and
+// written in fp32 (aten::mm.dtype; taken from 2.9, the oldest release checked).
+#define DDP_TORCH_HAS_MM_OUT_DTYPE DDP_TORCH_AT_LEAST(2, 9)
 
 // The fused GradScaler kernels have had CUDA implementations since 1.x; CPU
 // ones came later. The dispatch header exists exactly when the kernel does.

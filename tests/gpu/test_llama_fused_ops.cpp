@@ -100,6 +100,88 @@ TEST(LlamaFusedOps, RmsNormUnderAutocastReturnsTheAutocastDtype) {
   EXPECT_LT(relative_error(fused_grads[1], aten_grads[1]), 1e-5);
 }
 
+TEST(LlamaFusedOps, AddRmsNormMatchesAten) {
+  // 2048 columns: the vectorized kernel; 102: the scalar kernel. Both
+  // outputs (the sum and its norm) get a gradient.
+  for (const std::int64_t cols : {2048, 102}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(5);
+      const auto x = torch::randn({4, 700, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
+      const auto delta = torch::randn({4, 700, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
+      const auto weight = 1 + 0.5 * torch::randn({cols}, torch::TensorOptions().device(kGpu));
+      expect_fused_matches_aten(
+          {x, delta, weight},
+          [](const std::vector<torch::Tensor>& in, bool fused) {
+            const auto [h, normed] = llama::ops::add_rms_norm(in[0], in[1], in[2], 1e-5, fused);
+            return torch::cat({h.flatten(), normed.flatten()});
+          },
+          dtype, "add_rms_norm " + std::string(c10::toString(dtype)) + " cols " + std::to_string(cols));
+    }
+  }
+}
+
+// As in the decoder: an fp32 residual stream, a bf16 delta from autocast's
+// linear layers, the norm returned in bf16 for the next ones.
+TEST(LlamaFusedOps, AddRmsNormUnderAutocastKeepsTheStreamInFp32) {
+  torch::manual_seed(6);
+  const auto x = torch::randn({8, 512, 256}, torch::TensorOptions().device(kGpu)).requires_grad_();
+  const auto delta =
+      torch::randn({8, 512, 256}, torch::TensorOptions().device(kGpu)).to(torch::kBFloat16).requires_grad_();
+  const auto weight = (1 + 0.5 * torch::randn({256}, torch::TensorOptions().device(kGpu))).requires_grad_();
+  std::pair<torch::Tensor, torch::Tensor> fused, aten;
+  {
+    ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
+    fused = llama::ops::add_rms_norm(x, delta, weight, 1e-5, /*fused=*/true);
+    aten = llama::ops::add_rms_norm(x, delta, weight, 1e-5, /*fused=*/false);
+  }
+  EXPECT_EQ(fused.first.scalar_type(), torch::kFloat);
+  EXPECT_EQ(fused.second.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(relative_error(fused.first, aten.first), 0);
+  EXPECT_LT(relative_error(fused.second, aten.second.to(torch::kBFloat16)), 1e-3);
+  const auto grad_h = torch::randn(x.sizes(), x.options());
+  const auto grad_y = torch::randn(x.sizes(), x.options()).to(torch::kBFloat16);
+  const auto fused_grads = torch::autograd::grad({fused.first, fused.second}, {x, delta, weight}, {grad_h, grad_y});
+  const auto aten_grads =
+      torch::autograd::grad({aten.first, aten.second}, {x, delta, weight}, {grad_h, grad_y.to(aten.second.dtype())});
+  EXPECT_EQ(fused_grads[0].scalar_type(), torch::kFloat);
+  EXPECT_EQ(fused_grads[1].scalar_type(), torch::kBFloat16);
+  EXPECT_LT(relative_error(fused_grads[0], aten_grads[0]), 1e-5);
+  EXPECT_LT(relative_error(fused_grads[1], aten_grads[1]), 1e-2);
+  EXPECT_LT(relative_error(fused_grads[2], aten_grads[2]), 1e-5);
+}
+
+TEST(LlamaFusedOps, CrossEntropyMatchesAten) {
+  // 32000 classes: the vectorized kernels; 1001: the scalar ones. Some
+  // targets are ignored (-100), which leaves them out of the mean.
+  for (const std::int64_t vocab : {32000, 1001}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(8);
+      const std::int64_t rows = 1500;
+      const auto logits = (3 * torch::randn({rows, vocab}, torch::TensorOptions().device(kGpu))).to(dtype);
+      auto targets = torch::randint(0, vocab, {rows}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
+      targets.index_put_({torch::indexing::Slice(0, rows, 7)}, -100);
+      const std::string what = "cross_entropy " + std::string(c10::toString(dtype)) + " vocab " + std::to_string(vocab);
+      torch::Tensor losses[2], grads[2];
+      for (const bool fused : {false, true}) {
+        const auto leaf = logits.clone().requires_grad_();
+        losses[fused] = llama::ops::cross_entropy(leaf, targets, fused);
+        losses[fused].backward(torch::full({}, 0.37, losses[fused].options()));
+        grads[fused] = leaf.grad();
+      }
+      ASSERT_EQ(losses[1].scalar_type(), torch::kFloat) << what;
+      ASSERT_EQ(grads[1].scalar_type(), dtype) << what;
+      const double loss_error = relative_error(losses[1], losses[0]);
+      const double grad_error = relative_error(grads[1], grads[0]);
+      std::printf("%s: loss %.6f, relative error %.3g, gradient %.3g\n", what.c_str(), losses[0].item<double>(),
+                  loss_error, grad_error);
+      EXPECT_LT(loss_error, 1e-5) << what;
+      EXPECT_LT(grad_error, tolerance(dtype) * 2) << what;
+      // Ignored rows have no gradient.
+      EXPECT_EQ(grads[1].index({torch::indexing::Slice(0, rows, 7)}).abs().max().item<double>(), 0) << what;
+    }
+  }
+}
+
 TEST(LlamaFusedOps, RotationMatchesAten) {
   for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
     torch::manual_seed(3);
@@ -192,7 +274,10 @@ TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
   torch::Tensor logits[2];
   std::vector<torch::Tensor> grads[2];
   for (const bool fused : {false, true}) {
+    // Fused: every fusion the decoder has (the residual add in the norm,
+    // fp32 weight gradients, the fused loss); else the reference's ops.
     config.fused_kernels = fused;
+    config.fp32_weight_gradients = fused;
     torch::manual_seed(6);
     llama::Llama model(config);
     model->to(kGpu);
@@ -200,7 +285,7 @@ TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
     {
       ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
       logits[fused] = model(tokens);
-      loss = torch::nn::functional::cross_entropy(logits[fused].to(torch::kFloat).flatten(0, 1), tokens.flatten());
+      loss = llama::ops::cross_entropy(logits[fused].flatten(0, 1), tokens.flatten(), fused);
     }
     loss.backward();
     for (const auto& p : model->parameters()) grads[fused].push_back(p.grad());

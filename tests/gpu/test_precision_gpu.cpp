@@ -2,6 +2,7 @@
 // fp64, and a small model trained in fp8 against the same run in bf16.
 
 #include <cstdio>
+#include <string>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -68,6 +69,68 @@ TEST(Float8Linear, ForwardAndBackwardStayNearFp64) {
       EXPECT_LT(grad_weight, 1e-1);
       EXPECT_LT(grad_bias, 1e-2);
       EXPECT_EQ(layer->weight.grad().scalar_type(), torch::kFloat);
+    }
+  }
+}
+
+/// Float8Options::fp32_weight_gradients: with FP8 off under bf16 autocast,
+/// the output and input gradient are torch::nn::Linear's, and the weight and
+/// bias gradients are the fp32 GEMM's and sum's, not those rounded to bf16:
+/// against fp64 products of the same bf16 operands their error is that of
+/// fp32 accumulation, two orders below one bf16 rounding (~2e-3). Off, the
+/// layer's weight gradient is Linear's, rounding included.
+TEST(Float8Linear, WeightGradientsLeaveTheGemmInFp32UnderAutocast) {
+  for (const bool with_bias : {false, true}) {
+    for (const bool fp32_grads : {true, false}) {
+      torch::manual_seed(4);
+      ddp::Float8Linear layer(torch::nn::LinearOptions(1024, 768).bias(with_bias),
+                              ddp::Float8Options().enabled(false).fp32_weight_gradients(fp32_grads));
+      torch::nn::Linear plain(torch::nn::LinearOptions(1024, 768).bias(with_bias));
+      layer->to(kGpu);
+      plain->to(kGpu);
+      {
+        torch::NoGradGuard no_grad;
+        plain->weight.copy_(layer->weight);
+        if (with_bias) plain->bias.copy_(layer->bias);
+      }
+      const auto input = torch::randn({4, 256, 1024}, torch::TensorOptions().device(kGpu));
+      const auto grad_output = torch::randn({4, 256, 768}, torch::TensorOptions().device(kGpu)).to(torch::kBFloat16);
+      torch::Tensor outputs[2], input_grads[2];
+      for (int which = 0; which < 2; ++which) {
+        const auto x = input.clone().requires_grad_();
+        {
+          ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
+          outputs[which] = which == 0 ? layer(x) : plain(x);
+        }
+        outputs[which].backward(grad_output);
+        input_grads[which] = x.grad();
+      }
+      const std::string what =
+          std::string(with_bias ? "with" : "without") + " bias, fp32_weight_gradients " + (fp32_grads ? "on" : "off");
+      ASSERT_EQ(outputs[0].scalar_type(), torch::kBFloat16) << what;
+      // With a bias, the two add it in different order: one bf16 rounding apart.
+      EXPECT_LT(relative_error(outputs[0], outputs[1]), with_bias ? 8e-3 : 1e-6) << what;
+      EXPECT_EQ(input_grads[0].scalar_type(), torch::kFloat) << what;
+      EXPECT_LT(relative_error(input_grads[0], input_grads[1]), 1e-3) << what;
+
+      // fp64 products of the bf16 operands autocast multiplies.
+      const auto rows = input.reshape({-1, 1024}).to(torch::kBFloat16).to(torch::kDouble);
+      const auto grad_rows = grad_output.reshape({-1, 768}).to(torch::kDouble);
+      const double weight_error = relative_error(layer->weight.grad(), grad_rows.t().mm(rows));
+      const double plain_error = relative_error(plain->weight.grad(), grad_rows.t().mm(rows));
+      std::printf("%s: weight gradient error against fp64 %.3g (torch::nn::Linear's %.3g)\n", what.c_str(),
+                  weight_error, plain_error);
+      ASSERT_EQ(layer->weight.grad().scalar_type(), torch::kFloat) << what;
+      EXPECT_GT(plain_error, 1e-3) << what;
+      if (fp32_grads) {
+        EXPECT_LT(weight_error, 1e-5) << what;
+      } else {
+        EXPECT_EQ(relative_error(layer->weight.grad(), plain->weight.grad()), 0) << what;
+      }
+      if (with_bias) {
+        const double bias_error = relative_error(layer->bias.grad(), grad_rows.sum(0));
+        EXPECT_LT(bias_error, fp32_grads ? 1e-5 : 1e-2) << what;
+      }
     }
   }
 }
