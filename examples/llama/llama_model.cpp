@@ -5,6 +5,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -126,6 +127,16 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
   }
 };
 
+// {x + delta, norm(x + delta)}: `fused`, one kernel where it applies
+// (ops::add_rms_norm); else the add and then the norm.
+std::pair<torch::Tensor, torch::Tensor> add_and_norm(const torch::Tensor& x, const torch::Tensor& delta,
+                                                     RMSNormImpl& norm, bool fused) {
+  if (fused) return ops::add_rms_norm(x, delta, norm.weight, norm.eps, /*fused=*/true);
+  torch::Tensor sum = x + delta;
+  torch::Tensor normed = norm.forward(sum);
+  return {std::move(sum), std::move(normed)};
+}
+
 torch::Tensor checkpointed(const std::shared_ptr<TransformerBlockImpl>& block, const torch::Tensor& x,
                            const Rotation& rotation) {
   auto recompute = c10::make_intrusive<Recompute>();
@@ -245,16 +256,19 @@ TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config)
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
-  const torch::Tensor attended = attention(attention_norm(x), rotation);
-  if (!fused_residual_norm) {
-    const torch::Tensor h = x + attended;
-    return h + feed_forward(ffn_norm(h));
-  }
-  // In fp32 (the residual stream's dtype) where autocast computes the
-  // attention in bf16: the fused kernel adds, normalises, and returns the
-  // bf16 input of the feed-forward's linear layers.
-  const auto [h, normed] = ops::add_rms_norm(x, attended, ffn_norm->weight, ffn_norm->eps, /*fused=*/true);
-  return h + feed_forward(normed);
+  const auto [h, delta] = forward_deferred(x, torch::Tensor(), rotation);
+  return h + delta;
+}
+
+std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_deferred(const torch::Tensor& x,
+                                                                               const torch::Tensor& pending,
+                                                                               const Rotation& rotation) {
+  const auto [stream, normed] = pending.defined() ? add_and_norm(x, pending, *attention_norm, fused_residual_norm)
+                                                  : std::pair{x, attention_norm(x)};
+  // The residual stream stays in x's dtype (fp32 under autocast); the norms
+  // return the dtype the linear layers compute in.
+  const auto [h, ffn_input] = add_and_norm(stream, attention(normed, rotation), *ffn_norm, fused_residual_norm);
+  return {h, feed_forward(ffn_input)};
 }
 
 LlamaImpl::LlamaImpl(const LlamaConfig& config)
@@ -290,14 +304,23 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.dim() == 2, "Llama expects tokens [batch, seq], got ", tokens.sizes());
   const Rotation rotation = rotary_.rotation(tokens.size(1), tokens.device(), config.fused_kernels);
   torch::Tensor h = tok_embeddings(tokens);
+  // The last addend of the previous block, added in the next norm's kernel;
+  // a checkpointed block takes and returns whole tensors instead.
+  torch::Tensor pending;
   for (std::size_t i = 0; i < layers->size(); ++i) {
     const auto block = layers->ptr<TransformerBlockImpl>(i);
     // A unit of Sharding::kFull (shard_units "layers.*"): gathered only while it runs.
-    h = ddp::in_unit(*block, [&] {
-      return config.activation_checkpointing ? checkpointed(block, h, rotation) : block->forward(h, rotation);
-    });
+    if (config.activation_checkpointing) {
+      h = ddp::in_unit(*block, [&] { return checkpointed(block, h, rotation); });
+    } else {
+      std::tie(h, pending) = ddp::in_unit(*block, [&] { return block->forward_deferred(h, pending, rotation); });
+    }
   }
-  h = norm(h);
+  if (pending.defined()) {
+    h = add_and_norm(h, pending, *norm, config.fused_kernels && config.fused_residual_norm).second;
+  } else {
+    h = norm(h);
+  }
   return config.tie_embeddings ? torch::nn::functional::linear(h, tok_embeddings->weight) : output(h);
 }
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <torch/torch.h>
 
@@ -43,9 +44,10 @@ struct LlamaConfig {
   /// model do) instead of handing SDPA the grouped heads (enable_gqa, LibTorch
   /// 2.5 and newer; older ones always repeat).
   bool repeat_kv_heads = false;
-  /// With fused_kernels, each block's residual add before the feed-forward's
-  /// norm runs in the norm's kernel (ops::add_rms_norm); false keeps the add
-  /// separate (the A/B of that alone).
+  /// With fused_kernels, each residual add runs in the kernel of the RMSNorm
+  /// that reads its sum (ops::add_rms_norm; without activation checkpointing
+  /// also the add that ends a block, in the next block's first norm); false
+  /// keeps the adds separate (the A/B of that alone).
   bool fused_residual_norm = true;
   /// The linear layers' weight gradients leave their GEMMs in fp32 under
   /// CUDA autocast (ddp::Float8Options::fp32_weight_gradients); false rounds
@@ -127,8 +129,14 @@ TORCH_MODULE(FeedForward);
 struct TransformerBlockImpl : torch::nn::Module {
   explicit TransformerBlockImpl(const LlamaConfig& config);
   torch::Tensor forward(const torch::Tensor& x, const Rotation& rotation);
+  /// forward(x + pending) with the last residual add left to the caller:
+  /// returns {h, feed_forward(norm(h))}, whose sum is the block's output.
+  /// `pending` (undefined: none) is the previous block's last addend, so
+  /// that each residual add runs in the kernel of the norm after it.
+  std::pair<torch::Tensor, torch::Tensor> forward_deferred(const torch::Tensor& x, const torch::Tensor& pending,
+                                                           const Rotation& rotation);
 
-  bool fused_residual_norm;  ///< LlamaConfig::fused_residual_norm
+  bool fused_residual_norm;  ///< fused_kernels && LlamaConfig::fused_residual_norm
 
   RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
   Attention attention{nullptr};
