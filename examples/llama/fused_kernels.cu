@@ -93,72 +93,119 @@ __global__ void rms_norm_forward_kernel(const In* __restrict__ x, const Out* __r
   }
 }
 
+// One pack of a row's first backward pass: its share of
+// dot = sum(g * w * xhat) and of the weight gradient.
+template <typename In, typename Out, int N>
+__device__ __forceinline__ void accumulate_pack(const Pack<In, N>& xp, const Pack<Out, N>& gp, const Pack<float, N>& wp,
+                                                float r, float& dot, Pack<float, N>& weight_grad) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float xhat = to_float(xp.v[k]) * r;
+    const float g = to_float(gp.v[k]);
+    dot += g * wp.v[k] * xhat;
+    weight_grad.v[k] += g * xhat;
+  }
+}
+
+// One pack of the second pass: writes grad_x (plus grad_sum's pack) and,
+// kResidual, the same values as grad_delta.
+template <typename In, typename Out, int N, bool kResidual>
+__device__ __forceinline__ void write_gradient_pack(const Pack<In, N>& xp, const Pack<Out, N>& gp,
+                                                    const Pack<float, N>& wp, float r, float mean_dot,
+                                                    const In* grad_sum, In* grad_x, Out* grad_delta, int64_t i) {
+  Pack<float, N> grad;
+#pragma unroll
+  for (int k = 0; k < N; ++k) grad.v[k] = r * (to_float(gp.v[k]) * wp.v[k] - to_float(xp.v[k]) * r * mean_dot);
+  if (kResidual && grad_sum != nullptr) {
+    const Pack<In, N> gs = reinterpret_cast<const Pack<In, N>*>(grad_sum)[i];
+#pragma unroll
+    for (int k = 0; k < N; ++k) grad.v[k] += to_float(gs.v[k]);
+  }
+  Pack<In, N> out;
+#pragma unroll
+  for (int k = 0; k < N; ++k) out.v[k] = from_float<In>(grad.v[k]);
+  reinterpret_cast<Pack<In, N>*>(grad_x)[i] = out;
+  if constexpr (kResidual) {
+    Pack<Out, N> out_delta;
+#pragma unroll
+    for (int k = 0; k < N; ++k) out_delta.v[k] = from_float<Out>(to_float(out.v[k]));
+    reinterpret_cast<Pack<Out, N>*>(grad_delta)[i] = out_delta;
+  }
+}
+
 // A block takes rows blockIdx.x, blockIdx.x + gridDim.x, ...: each thread
 // owns the same columns of every row, so it accumulates the weight gradient
-// of its columns in the block's row of `weight_partials` without atomics,
-// and one ATen sum over the blocks finishes it.
+// of its columns without atomics, and one ATen sum over the blocks'
+// `weight_partials` finishes it.
 //   grad_x = rstd * (g * w - xhat * mean(g * w * xhat)),  xhat = x * rstd
 //   grad_w = sum over rows of g * xhat
+// A thread keeps its first P packs of the row (x, g) in registers between
+// the two passes, and their weights and weight-gradient sums across the
+// rows, so that each element crosses memory once; packs past P * blockDim.x
+// (rows longer than the dispatch planned for) are read again and their sums
+// kept in weight_partials.
 // kResidual: x was the sum of the residual stream and a delta; grad_x adds
 // the gradient `grad_sum` the sum got from its other reader (null: none),
 // and is written once more in the delta's dtype, as its gradient.
-template <typename In, typename Out, int N, bool kResidual>
+template <typename In, typename Out, int N, int P, bool kResidual>
 __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const In* __restrict__ grad_sum,
                                          const In* __restrict__ x, const float* __restrict__ weight,
                                          const float* __restrict__ rstd, In* __restrict__ grad_x,
                                          Out* __restrict__ grad_delta, float* __restrict__ weight_partials,
                                          int64_t rows, int64_t cols) {
   const int64_t packs = cols / N;
+  const int64_t cached_packs = static_cast<int64_t>(P) * blockDim.x;
   const auto* w = reinterpret_cast<const Pack<float, N>*>(weight);
   auto* partial = reinterpret_cast<Pack<float, N>*>(weight_partials + static_cast<int64_t>(blockIdx.x) * cols);
-  for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) partial[i] = Pack<float, N>{};
+  Pack<float, N> cached_weight[P], cached_grad[P];
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+    cached_grad[p] = Pack<float, N>{};
+    if (i < packs) cached_weight[p] = w[i];
+  }
+  for (int64_t i = cached_packs + threadIdx.x; i < packs; i += blockDim.x) partial[i] = Pack<float, N>{};
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float r = rstd[row];
     const auto* xr = reinterpret_cast<const Pack<In, N>*>(x + row * cols);
     const auto* gr = reinterpret_cast<const Pack<Out, N>*>(grad_y + row * cols);
-    auto* dxr = reinterpret_cast<Pack<In, N>*>(grad_x + row * cols);
+    const In* grad_sum_row = kResidual && grad_sum != nullptr ? grad_sum + row * cols : nullptr;
+    Out* grad_delta_row = kResidual ? grad_delta + row * cols : nullptr;
+    Pack<In, N> cached_x[P];
+    Pack<Out, N> cached_g[P];
     float dot = 0;
-    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      const Pack<In, N> xp = xr[i];
-      const Pack<Out, N> gp = gr[i];
-      const Pack<float, N> wp = w[i];
-      Pack<float, N> acc = partial[i];
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float xhat = to_float(xp.v[k]) * r;
-        const float g = to_float(gp.v[k]);
-        dot += g * wp.v[k] * xhat;
-        acc.v[k] += g * xhat;
+    for (int p = 0; p < P; ++p) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+      if (i < packs) {
+        cached_x[p] = xr[i];
+        cached_g[p] = gr[i];
+        accumulate_pack(cached_x[p], cached_g[p], cached_weight[p], r, dot, cached_grad[p]);
       }
-      partial[i] = acc;
+    }
+    for (int64_t i = cached_packs + threadIdx.x; i < packs; i += blockDim.x) {
+      Pack<float, N> sum = partial[i];
+      accumulate_pack(xr[i], gr[i], w[i], r, dot, sum);
+      partial[i] = sum;
     }
     const float mean_dot = block_sum(dot) / static_cast<float>(cols);
-    for (int64_t i = threadIdx.x; i < packs; i += blockDim.x) {
-      const Pack<In, N> xp = xr[i];
-      const Pack<Out, N> gp = gr[i];
-      const Pack<float, N> wp = w[i];
-      Pack<float, N> grad;
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float xhat = to_float(xp.v[k]) * r;
-        grad.v[k] = r * (to_float(gp.v[k]) * wp.v[k] - xhat * mean_dot);
-      }
-      if (kResidual && grad_sum != nullptr) {
-        const Pack<In, N> gs = reinterpret_cast<const Pack<In, N>*>(grad_sum + row * cols)[i];
-#pragma unroll
-        for (int k = 0; k < N; ++k) grad.v[k] += to_float(gs.v[k]);
-      }
-      Pack<In, N> out;
-#pragma unroll
-      for (int k = 0; k < N; ++k) out.v[k] = from_float<In>(grad.v[k]);
-      dxr[i] = out;
-      if constexpr (kResidual) {
-        Pack<Out, N> out_delta;
-#pragma unroll
-        for (int k = 0; k < N; ++k) out_delta.v[k] = from_float<Out>(to_float(out.v[k]));
-        reinterpret_cast<Pack<Out, N>*>(grad_delta + row * cols)[i] = out_delta;
+    for (int p = 0; p < P; ++p) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+      if (i < packs) {
+        write_gradient_pack<In, Out, N, kResidual>(cached_x[p], cached_g[p], cached_weight[p], r, mean_dot,
+                                                   grad_sum_row, grad_x + row * cols, grad_delta_row, i);
       }
     }
+    for (int64_t i = cached_packs + threadIdx.x; i < packs; i += blockDim.x) {
+      write_gradient_pack<In, Out, N, kResidual>(xr[i], gr[i], w[i], r, mean_dot, grad_sum_row, grad_x + row * cols,
+                                                 grad_delta_row, i);
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < P; ++p) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+    if (i < packs) partial[i] = cached_grad[p];
   }
 }
 
@@ -458,11 +505,26 @@ NormBackward norm_backward(const char* what, const at::Tensor& grad_y, const at:
     using In = typename decltype(in)::type;
     with_cuda_type(grad_y.scalar_type(), what, [&](auto out_type) {
       using Out = typename decltype(out_type)::type;
-      const auto launch =
-          residual
-              ? (vectorized ? rms_norm_backward_kernel<In, Out, 4, true> : rms_norm_backward_kernel<In, Out, 1, true>)
-              : (vectorized ? rms_norm_backward_kernel<In, Out, 4, false>
-                            : rms_norm_backward_kernel<In, Out, 1, false>);
+      // Packs a thread keeps in registers: a whole row up to 4 packs per
+      // thread (4096 columns of 4-wide packs), the rest read twice.
+      const int64_t packs_per_thread = ((vectorized ? cols / 4 : cols) + kThreads - 1) / kThreads;
+      const auto kernel = [&](auto pack, auto cached, auto with_residual) {
+        return rms_norm_backward_kernel<In, Out, decltype(pack)::value, decltype(cached)::value,
+                                        decltype(with_residual)::value>;
+      };
+      const auto with_packs = [&](auto pack, auto with_residual) {
+        using I = std::integral_constant<int, 1>;
+        using II = std::integral_constant<int, 2>;
+        using IV = std::integral_constant<int, 4>;
+        return packs_per_thread <= 1   ? kernel(pack, I{}, with_residual)
+               : packs_per_thread <= 2 ? kernel(pack, II{}, with_residual)
+                                       : kernel(pack, IV{}, with_residual);
+      };
+      const auto with_width = [&](auto with_residual) {
+        return vectorized ? with_packs(std::integral_constant<int, 4>{}, with_residual)
+                          : with_packs(std::integral_constant<int, 1>{}, with_residual);
+      };
+      const auto launch = residual ? with_width(std::true_type{}) : with_width(std::false_type{});
       launch<<<blocks, kThreads, 0, stream>>>(
           static_cast<const Out*>(grad_y.data_ptr()),
           grad_sum.defined() ? static_cast<const In*>(grad_sum.data_ptr()) : nullptr,
