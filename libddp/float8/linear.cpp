@@ -44,6 +44,13 @@ std::shared_ptr<Float8LinearState> make_float8_state(const Float8Options& option
 namespace {
 
 #if DDP_TORCH_HAS_SCALED_MM
+/// A layer's product [M, N] seen in the shape of its input [..., K]: [..., N].
+at::Tensor in_input_shape(const at::Tensor& product, const at::Tensor& input) {
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes.back() = product.size(1);
+  return product.view(sizes);
+}
+
 /// a [M, K] row-major times b [K, N] column-major (b.t() contiguous); the
 /// scales are the inverse ones, which turn the FP8 values back into reals.
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, const at::Tensor& b,
@@ -107,9 +114,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
     context->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     context->saved_data["out_features"] = weight.size(0);
 
-    std::vector<int64_t> output_sizes = input.sizes().vec();
-    output_sizes.back() = weight.size(0);
-    return output.view(output_sizes);
+    return in_input_shape(output, input);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
@@ -174,9 +179,7 @@ struct AutocastLinearFunction : public torch::autograd::Function<AutocastLinearF
     context->saved_data["input_dtype"] = static_cast<int64_t>(input.scalar_type());
     context->saved_data["with_bias"] = !bias.empty();
 
-    std::vector<int64_t> output_sizes = input.sizes().vec();
-    output_sizes.back() = weight.size(0);
-    return output.view(output_sizes);
+    return in_input_shape(output, input);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
