@@ -271,10 +271,11 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   }
   if (flags.given("seq")) config.max_seq_len = flags.integer("seq");
   const bool unfused = flags.on("unfused");
+  const std::string unfuse_list = flags.str("unfuse");
   std::set<std::string> unfuse;
-  for (std::size_t start = 0, end = 0; start < flags.str("unfuse").size(); start = end + 1) {
-    end = std::min(flags.str("unfuse").find(',', start), flags.str("unfuse").size());
-    const std::string name = flags.str("unfuse").substr(start, end - start);
+  for (std::size_t start = 0, end = 0; start < unfuse_list.size(); start = end + 1) {
+    end = std::min(unfuse_list.find(',', start), unfuse_list.size());
+    const std::string name = unfuse_list.substr(start, end - start);
     if (name != "loss" && name != "residual-norm" && name != "fp32-weight-gradients") {
       flags.fail("--unfuse takes loss, residual-norm and fp32-weight-gradients, comma-separated; got '" + name + "'");
     }
