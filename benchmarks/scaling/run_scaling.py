@@ -85,6 +85,9 @@ def parse_args():
                         help="dtype both sides all-reduce the gradients in; bf16: libddp's comm_hooks::average_in "
                              "and PyTorch's bf16_compress_hook (rounds the gradients; halves the bytes on NCCL, "
                              "while Gloo reduces 16-bit tensors in fp32)")
+    parser.add_argument("--copy-engine-reductions", action="store_true",
+                        help="libddp's rows move the gradient buckets between the GPUs with the copy engines "
+                             "(scaling_bench --copy-engine-reductions); PyTorch's side keeps NCCL")
     parser.add_argument("--sharding", choices=("none", "optimizer", "gradients"), default="none",
                         help="libddp's sharding mode (scaling_bench --sharding): optimizer is ZeRO-1, gradients "
                              "ZeRO-2; PyTorch's side stays plain DDP")
@@ -210,6 +213,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
         bench_args += ["--sharding", args.sharding]
+        if args.copy_engine_reductions:
+            bench_args.append("--copy-engine-reductions")
         if impl == "libddp-graph":
             bench_args.append("--cuda-graph")
         return [os.path.join(args.build, "libddp", "ddprun"), "--nproc-per-node", str(gpus), "--standalone",
@@ -398,6 +403,9 @@ def markdown(report, args):
         if args.sharding != "none":
             lines += [f"libddp ran with `--sharding {args.sharding}` (each rank steps its shard of the optimizer "
                       "state; gradients reduce-scattered, parameters all-gathered); PyTorch with plain DDP.", ""]
+        if args.copy_engine_reductions:
+            lines += ["libddp's gradient buckets of 512 KiB and more moved between the GPUs on the copy engines "
+                      "(`--copy-engine-reductions`; a captured step's stay on NCCL), PyTorch's on NCCL.", ""]
         if args.reduce_dtype != "fp32":
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "

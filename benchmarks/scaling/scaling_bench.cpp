@@ -374,6 +374,9 @@ int main(int argc, char** argv) try {
                   "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
                   "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")
       .add("bn", "auto", std::string("ResNet-50: ") + resnet::kBatchNormPathHelp + "; --unfused means aten")
+      .add_switch("copy-engine-reductions",
+                  "move the gradient buckets between the GPUs with the copy engines, not NCCL's kernels "
+                  "(ddp::InitOptions::copy_engine_reductions; one node)")
       .add_switch("no-timeline", "do not record the DDP timeline (exposed communication is then not reported)")
       .add_switch("cuda-graph",
                   "record the step into a CUDA graph after the warm-up and replay it (ddp::CapturedStep); "
@@ -393,6 +396,7 @@ int main(int argc, char** argv) try {
   if (device_name == "cpu") init_options.backend(ddp::Backend::kGloo);
   else if (device_name == "cuda") init_options.backend(ddp::Backend::kNccl);
   else if (device_name != "auto") flags.fail("--device must be auto, cuda or cpu");
+  if (flags.on("copy-engine-reductions")) init_options.copy_engine_reductions(true);
   auto process_group = ddp::init(init_options);
   const auto device = process_group->device();
   policy.check_supported(device);
@@ -520,13 +524,14 @@ int main(int argc, char** argv) try {
       "\"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}, \"exposed_comm_ms\": {}, "
       "\"peak_mem_gib\": {:.3f}, \"params\": {}, {}, \"final_loss\": {:.5f}, \"bucket_cap_mb\": {}, "
       "\"reduce_dtype\": \"{}\", \"sharding\": \"{}\", \"param_dtype\": \"{}\", \"unit_gathers\": {}, \"nccl_env\": "
-      "{}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
+      "{}, \"copy_engine_reductions\": {}, \"cuda_graph\": {}, \"torch_version\": \"{}\"}}",
       std::string(cuda_graph ? "libddp-graph" : "libddp") + (flags.on("unfused") ? "-unfused" : ""),
       workload.json_fields, ddp::to_string(policy.precision()), gpus, device.str(), batch, steps, warmed,
       1000 * seconds / static_cast<double>(steps), throughput, workload.unit, mean(forward), mean(backward),
       mean(optimizer), timeline ? fmt::format("{:.4f}", median(exposed)) : "null", peak_gib, workload.params, flops,
       final_loss, flags.real("bucket-cap-mb"), reduce_dtype, ddp::to_string(sharding), flags.str("param-dtype"),
-      !options.shard_units().empty(), nccl_environment_json(), cuda_graph, TORCH_VERSION);
+      !options.shard_units().empty(), nccl_environment_json(), flags.on("copy-engine-reductions"), cuda_graph,
+      TORCH_VERSION);
   if (process_group->rank() == 0) {
     std::printf("%s\n", row.c_str());
     if (!flags.str("json").empty()) {

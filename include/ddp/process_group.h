@@ -24,6 +24,14 @@ struct InitOptions {
   /// How long rank 0 waits for the others to connect, and they for rank 0.
   /// Unset: DDP_RDZV_TIMEOUT seconds (ddprun --rdzv-timeout sets it), else 5 minutes.
   TORCH_ARG(std::optional<std::chrono::milliseconds>, rendezvous_timeout) = std::nullopt;
+  /// NCCL on one node: all-reduces of at least 512 KiB of fp32, bf16 or fp16
+  /// (DDP's gradient buckets) move between the GPUs on the copy engines, with
+  /// a short kernel adding what arrived, instead of NCCL's kernels, which
+  /// occupy SMs the backward pass computes on for the whole reduction. Needs
+  /// every rank on one node and peer access between their GPUs (UsageError
+  /// otherwise). Collectives recorded into a CUDA graph still take NCCL.
+  /// Unset: DDP_COPY_ENGINE_REDUCTIONS (1 or 0), else off.
+  TORCH_ARG(std::optional<bool>, copy_engine_reductions) = std::nullopt;
 };
 
 /// Membership of this process in a job: its coordinates, its device and the

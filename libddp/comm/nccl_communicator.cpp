@@ -32,6 +32,9 @@
 #include <ddp/errors.h>
 
 #include "comm/backends.h"
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+#include "comm/copy_engine_reduction.h"
+#endif
 #include "comm/nccl_check.h"
 #include "compat/torch_compat.h"
 #include "cuda/cuda_check.h"
@@ -87,7 +90,7 @@ class NcclOp final : public BackendOp {
 
 class NcclCommunicator final : public CommunicatorBase {
  public:
-  NcclCommunicator(Setup setup, int device_index)
+  NcclCommunicator(Setup setup, int device_index, bool copy_engine_reductions)
       : CommunicatorBase(setup),
         device_index_(static_cast<c10::DeviceIndex>(device_index)),
         // Normal priority, as PyTorch's ProcessGroupNCCL: with a high-priority
@@ -98,6 +101,16 @@ class NcclCommunicator final : public CommunicatorBase {
     c10::cuda::CUDAGuard guard(device_index_);
     const ncclUniqueId id = exchange_unique_id(*setup.store, "ddp/nccl/" + setup.name + "/unique_id");
     comm_ = create_communicator(id, setup.world_size, setup.rank, device_index, setup.timeout);
+    if (copy_engine_reductions && setup.world_size > 1) {
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+      copy_engine_ = std::make_unique<CopyEngineReduction>(*setup.store, "ddp/copy_engine/" + setup.name, setup.rank,
+                                                           setup.world_size, device_index, setup.timeout);
+#else
+      throw UsageError(
+          "libddp was built without copy-engine reductions (they need its CUDA kernels); turn them off "
+          "(DDP_COPY_ENGINE_REDUCTIONS=0)");
+#endif
+    }
     start_watchdog();
   }
 
@@ -111,6 +124,14 @@ class NcclCommunicator final : public CommunicatorBase {
 
  protected:
   std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    if (copy_engine_ && CopyEngineReduction::carries(tensor)) {
+      return launch({tensor}, "copy-engine all-reduce", [&](cudaStream_t stream) {
+        copy_engine_->all_reduce(tensor, op, stream);
+        return ncclSuccess;
+      });
+    }
+#endif
     return launch({tensor}, "ncclAllReduce", [&](cudaStream_t stream) {
       return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), to_nccl(tensor.scalar_type()),
                            to_nccl(op), comm_, stream);
@@ -148,6 +169,11 @@ class NcclCommunicator final : public CommunicatorBase {
   }
 
   void abort() noexcept override {
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    // First, so that a collective queued behind a copy-engine one on the
+    // stream is reached and NCCL's abort can end it.
+    if (copy_engine_) copy_engine_->release_waits();
+#endif
     if (comm_ == nullptr) return;
     ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -254,24 +280,42 @@ class NcclCommunicator final : public CommunicatorBase {
   void release() noexcept {
     const Clock::time_point deadline = Clock::now() + timeout();
     c10::cuda::CUDAGuard guard(device_index_);
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    bool quiescing = false;
+    if (copy_engine_) {
+      try {
+        copy_engine_->quiesce(stream_.stream());
+        quiescing = true;
+      } catch (const std::exception&) {
+        // Not freed then: a peer may still copy into the staging area.
+      }
+    }
+#endif
     while (cudaStreamQuery(stream_.stream()) == cudaErrorNotReady && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    if (copy_engine_) copy_engine_->set_drained(quiescing && cudaStreamQuery(stream_.stream()) == cudaSuccess);
+#endif
     abort();
   }
 
   const c10::DeviceIndex device_index_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+  std::unique_ptr<CopyEngineReduction> copy_engine_;  // null unless asked for
+#endif
 };
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_nccl_communicator(CommunicatorBase::Setup setup, int device_index) {
+std::shared_ptr<Communicator> make_nccl_communicator(CommunicatorBase::Setup setup, int device_index,
+                                                     bool copy_engine_reductions) {
   // Binds the process to its GPU: LibTorch's current device, so tensors the
   // program creates on "cuda" land where NCCL expects them.
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device_index));
-  return std::make_shared<NcclCommunicator>(std::move(setup), device_index);
+  return std::make_shared<NcclCommunicator>(std::move(setup), device_index, copy_engine_reductions);
 }
 
 }  // namespace ddp::detail

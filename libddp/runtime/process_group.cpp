@@ -65,6 +65,34 @@ std::chrono::milliseconds choose_timeout(const InitOptions& options) {
   return seconds_from_env("DDP_TIMEOUT").value_or(std::chrono::minutes(10));
 }
 
+/// Whether large all-reduces take the copy engines (InitOptions::copy_engine_reductions).
+bool choose_copy_engine_reductions(const InitOptions& options, Backend backend, const Environment& env) {
+  bool wanted = false;
+  if (options.copy_engine_reductions()) {
+    wanted = *options.copy_engine_reductions();
+  } else if (const char* text = std::getenv("DDP_COPY_ENGINE_REDUCTIONS")) {
+    const std::string value = text;
+    if (value != "0" && value != "1") {
+      throw UsageError(fmt::format("DDP_COPY_ENGINE_REDUCTIONS must be 1 or 0, got '{}'", value));
+    }
+    wanted = value == "1";
+  }
+  if (!wanted) return false;
+  if (backend != Backend::kNccl) {
+    throw UsageError(
+        "copy-engine reductions move CUDA tensors between GPUs and need the NCCL backend; turn them "
+        "off (DDP_COPY_ENGINE_REDUCTIONS=0) for " +
+        to_string(backend));
+  }
+  if (env.local_world_size != env.world_size) {
+    throw UsageError(
+        fmt::format("copy-engine reductions need every rank on one node (WORLD_SIZE={}, "
+                    "LOCAL_WORLD_SIZE={}); turn them off (DDP_COPY_ENGINE_REDUCTIONS=0) across nodes",
+                    env.world_size, env.local_world_size));
+  }
+  return true;
+}
+
 /// How long a failing rank's report waits for the store: a few seconds, so
 /// that a stopped rank 0 (which serves it) is named soon after the timeout.
 constexpr std::chrono::seconds kReportStoreTimeout{5};
@@ -95,10 +123,10 @@ void check_backend_usable(Backend backend, const Environment& env) {
 }
 
 std::shared_ptr<Communicator> make_communicator(Backend backend, const detail::CommunicatorBase::Setup& setup,
-                                               int local_rank) {
+                                                int local_rank, bool copy_engine_reductions) {
   switch (backend) {
 #ifdef DDP_WITH_NCCL
-    case Backend::kNccl: return detail::make_nccl_communicator(setup, local_rank);
+    case Backend::kNccl: return detail::make_nccl_communicator(setup, local_rank, copy_engine_reductions);
 #endif
 #ifdef DDP_WITH_GLOO
     case Backend::kGloo: return detail::make_gloo_communicator(setup);
@@ -106,6 +134,7 @@ std::shared_ptr<Communicator> make_communicator(Backend backend, const detail::C
     default: break;
   }
   (void)local_rank;
+  (void)copy_engine_reductions;
   throw UsageError("libddp was built without the " + to_string(backend) + " backend");
 }
 
@@ -116,6 +145,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   state->environment = Environment::from_env();
   const Environment& env = state->environment;
   const Backend backend = choose_backend(options);
+  const bool copy_engine_reductions = choose_copy_engine_reductions(options, backend, env);
   check_backend_usable(backend, env);
   const std::chrono::milliseconds timeout = choose_timeout(options);
 
@@ -131,7 +161,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
         c10::make_intrusive<detail::StoreClient>(address, credentials, kReportStoreTimeout));
   };
   setup.name = "world";
-  state->communicator = make_communicator(backend, setup, env.local_rank);
+  state->communicator = make_communicator(backend, setup, env.local_rank, copy_engine_reductions);
   return std::make_shared<ProcessGroup>(std::move(state));
 }
 

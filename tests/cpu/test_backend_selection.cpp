@@ -38,7 +38,10 @@ class InitErrors : public ::testing::Test {
     ::setenv("MASTER_PORT", "1", 1);  // never reached: every case fails before the rendezvous
   }
   void TearDown() override {
-    for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DDP_BACKEND"}) ::unsetenv(name);
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DDP_BACKEND",
+                             "DDP_COPY_ENGINE_REDUCTIONS"}) {
+      ::unsetenv(name);
+    }
   }
   static std::string init_error() {
     try {
@@ -73,6 +76,21 @@ TEST_F(InitErrors, MissingBackendOrGpuIsExplained) {
     const std::string message = init_error();
     EXPECT_NE(message.find("built without the nccl backend"), std::string::npos) << message;
   }
+}
+
+TEST_F(InitErrors, CopyEngineReductionsNeedAOneOrZeroNcclAndOneNode) {
+  ::setenv("DDP_COPY_ENGINE_REDUCTIONS", "yes", 1);
+  std::string message = init_error();
+  EXPECT_NE(message.find("DDP_COPY_ENGINE_REDUCTIONS must be 1 or 0, got 'yes'"), std::string::npos) << message;
+  ::setenv("DDP_COPY_ENGINE_REDUCTIONS", "1", 1);
+  ::setenv("DDP_BACKEND", "gloo", 1);
+  message = init_error();
+  EXPECT_NE(message.find("need the NCCL backend"), std::string::npos) << message;
+  ::setenv("DDP_BACKEND", "nccl", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+  message = init_error();
+  EXPECT_NE(message.find("every rank on one node (WORLD_SIZE=4, LOCAL_WORLD_SIZE=2)"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -42,6 +42,21 @@ TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
   }));
 }
 
+// Buckets of megabytes, so that the copy engines carry them, with and
+// without no_sync.
+TEST(DdpNccl, CopyEngineReductionsMatchSingleProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = ddp::init(
+        ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)).copy_engine_reductions(true));
+    Scenario wide;
+    wide.width = 1 << 15;  // a 2 MiB trunk and a 512 KiB head
+    wide.tolerance = 1e-4;
+    check_matches_single_process(*pg, wide);
+    wide.micro_steps = 2;
+    check_matches_single_process(*pg, wide);
+  }));
+}
+
 // ZeRO-1 and ZeRO-2 over NCCL's reduce-scatter and in-place all-gather, with
 // the fused AdamW kernel on the shards: the Gloo suite's equivalences.
 TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {

@@ -1,8 +1,11 @@
 // Every collective over NCCL on 2 GPUs, stream ordering, and the timeout
 // path. Needs 2 GPUs: exits with 77 (reported by ctest as skipped) otherwise.
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -151,6 +154,96 @@ TEST(NcclFailures, FirstCollectiveWithAnAbsentPeerNeverHangs) {
   EXPECT_TRUE(rank0.exit_code == 0 || rank0.exit_code == 1) << rank0.error;
   if (rank0.exit_code == 1) std::printf("rank 0: ended by libddp while blocked inside NCCL\n");
   EXPECT_LT(rank0.seconds, 9.0) << "rank 0 took as long as its sleeping peer: nothing bounded the wait";
+}
+
+std::shared_ptr<ddp::ProcessGroup> init_copy_engine(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(timeout).copy_engine_reductions(true));
+}
+
+/// The all-reduces NCCL itself ran in this process so far, from its log of
+/// collectives (NCCL_DEBUG_SUBSYS=COLL into the file RunOptions below names).
+int all_reduces_nccl_logged() {
+  std::ifstream log("/tmp/ddp-copy-engine-test." + std::to_string(::getpid()) + ".log");
+  int count = 0;
+  for (std::string line; std::getline(log, line);) count += line.find("AllReduce: opCount") != std::string::npos;
+  return count;
+}
+
+RunOptions nccl_logging_collectives() {
+  RunOptions options;
+  options.env = {
+      {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "COLL"}, {"NCCL_DEBUG_FILE", "/tmp/ddp-copy-engine-test.%p.log"}};
+  return options;
+}
+
+// Every float dtype and op, one piece and several, a tensor off the 16-byte
+// alignment of the vectorised kernel, several in flight; and NCCL's own log
+// shows that only the small all-reduces reached it.
+TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
+  expect_all_succeeded(run_ranks(
+      2,
+      [](int rank) {
+        auto pg = init_copy_engine();
+        auto& comm = pg->communicator();
+        const int logged_before = all_reduces_nccl_logged();
+        int small = 0;
+        for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+          for (std::int64_t numel : {1000, 1 << 18, 1 << 20, 9'000'007}) {
+            for (auto op : {ddp::ReduceOp::kSum, ddp::ReduceOp::kAvg, ddp::ReduceOp::kMax}) {
+              check_all_reduce(comm, dtype, numel, op);
+              small += numel * static_cast<std::int64_t>(c10::elementSize(dtype)) < (512 << 10);
+            }
+          }
+        }
+        const auto options = at::TensorOptions().device(pg->device());
+        at::Tensor storage = at::zeros({(1 << 20) + 1}, options);
+        at::Tensor misaligned = storage.narrow(0, 1, 1 << 20);  // 4 bytes past the allocation's start
+        misaligned.copy_(at::arange(1 << 20, options).remainder(7) + rank);
+        comm.all_reduce(misaligned)->wait();
+        const double error =
+            (misaligned - (2 * at::arange(1 << 20, options).remainder(7) + 1)).abs().max().item<double>();
+        require(error == 0, "misaligned all_reduce off by " + std::to_string(error));
+        require(storage[0].item<float>() == 0, "the all_reduce wrote before its tensor");
+        std::vector<at::Tensor> tensors;
+        std::vector<std::shared_ptr<ddp::Work>> works;
+        for (int i = 0; i < 6; ++i) {
+          tensors.push_back(at::full({(1 << 19) * (i + 1)}, static_cast<double>(rank + i), options));
+          works.push_back(comm.all_reduce(tensors.back()));
+        }
+        for (int i = 5; i >= 0; --i) works[static_cast<size_t>(i)]->wait();
+        for (int i = 0; i < 6; ++i) {
+          const double expected = 1 + 2 * i;
+          require(tensors[static_cast<size_t>(i)].eq(expected).all().item<bool>(),
+                  "in-flight all_reduce " + std::to_string(i) + " is wrong");
+        }
+        const int logged = all_reduces_nccl_logged() - logged_before;
+        require(logged == small, "NCCL ran " + std::to_string(logged) + " all-reduces, expected only the " +
+                                     std::to_string(small) + " below 512 KiB");
+      },
+      nccl_logging_collectives()));
+}
+
+TEST(CopyEngineReductions, AStalledPeerTimesOutAndTheStreamDrains) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_copy_engine(std::chrono::seconds(2));
+    auto& comm = pg->communicator();
+    check_all_reduce(comm, at::kFloat, 1 << 20, ddp::ReduceOp::kSum);
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::seconds(7));  // stuck between collectives
+      return;
+    }
+    at::Tensor tensor = at::ones({1 << 20}, at::TensorOptions().device(pg->device()));
+    auto work = comm.all_reduce(tensor);
+    work->wait_stream();  // the device waits for the peer's signal
+    const auto start = Clock::now();
+    const std::string message = collective_error_of([&] { work->wait(); });
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    require(seconds < 5, "timeout after " + std::to_string(seconds) + " s, expected ~2 s");
+    require_contains(message, "all_reduce #2");
+    require_contains(message, "timed out after 2000 ms on rank 0 of 2");
+    // The failure released the device's waits: the stream drains.
+    (void)tensor.sum().item<float>();
+  }));
 }
 
 TEST(NcclInit, LocalRankBeyondTheVisibleGpusIsNamed) {

@@ -87,9 +87,10 @@ double check_matches_single_process(ProcessGroup& pg, const Scenario& scenario, 
   const c10::Device device = pg.device();
   const int world = pg.world_size();
   // Each rank starts from different weights: DDP must copy rank 0's.
-  DistributedDataParallel<Net> model(make_net(scenario.model, 100 + pg.rank(), device, scenario.channels_last), 
-                                     std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), scenario.options);
-  Net reference = make_net(scenario.model, 100, device, scenario.channels_last);
+  DistributedDataParallel<Net> model(
+      make_net(scenario.model, 100 + pg.rank(), device, scenario.channels_last, scenario.width),
+      std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}), scenario.options);
+  Net reference = make_net(scenario.model, 100, device, scenario.channels_last, scenario.width);
   if (scenario.load_after_wrapping) {
     std::stringstream bytes;
     torch::save(reference, bytes);

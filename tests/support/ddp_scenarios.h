@@ -28,6 +28,7 @@ struct Scenario {
   int micro_steps = 1;      ///< > 1: the first micro_steps - 1 backward passes run under no_sync()
   double tolerance = 1e-5;  ///< max abs difference of any parameter
   bool channels_last = false;
+  int width = 32;  ///< the MLPs' hidden width (wide: gradient buckets of megabytes)
   /// Module::load the weights after wrapping, as a resumed run does: LibTorch
   /// replaces the parameters' data (set_), and DDP must still reduce.
   bool load_after_wrapping = false;

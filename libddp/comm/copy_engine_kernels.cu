@@ -1,0 +1,126 @@
+// The reduction of the copy-engine all-reduce: each rank sums (or takes the
+// maximum of) its own chunk and the peers' copies of it that the copy engines
+// delivered, and writes the result twice: into its tensor and into the
+// staging area the peers pull it from. Bandwidth-bound, so 16-byte loads and
+// stores where every pointer allows them.
+
+#include <algorithm>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "comm/copy_engine_kernels.h"
+#include "cuda/cuda_check.h"
+#include "cuda/float_conversions.cuh"
+
+namespace ddp::detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVectorBytes = 16;
+
+struct KernelArgs {
+  const void* sources[kMaxChunkSources];
+  void* outputs[2];
+  int source_count;
+  std::int64_t numel;
+  float scale;
+};
+
+template <typename T, ChunkOp Op>
+__device__ __forceinline__ float combine(float acc, T value) {
+  const float x = to_float(value);
+  return Op == ChunkOp::kSum ? acc + x : fmaxf(acc, x);
+}
+
+/// Reduces elements [begin, end) of every source one element at a time; `Pack`
+/// elements at once when `Pack` > 1 (the caller checked the alignment).
+template <typename T, ChunkOp Op, int Pack>
+__device__ void reduce_range(const KernelArgs& args, std::int64_t begin, std::int64_t end) {
+  struct alignas(sizeof(T) * Pack) Vector {
+    T value[Pack];
+  };
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * Pack;
+  for (std::int64_t i = begin + (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * Pack; i < end;
+       i += stride) {
+    float acc[Pack];
+    const Vector first = *reinterpret_cast<const Vector*>(static_cast<const T*>(args.sources[0]) + i);
+#pragma unroll
+    for (int k = 0; k < Pack; ++k) acc[k] = to_float(first.value[k]);
+    for (int s = 1; s < args.source_count; ++s) {
+      const Vector next = *reinterpret_cast<const Vector*>(static_cast<const T*>(args.sources[s]) + i);
+#pragma unroll
+      for (int k = 0; k < Pack; ++k) acc[k] = combine<T, Op>(acc[k], next.value[k]);
+    }
+    Vector out;
+#pragma unroll
+    for (int k = 0; k < Pack; ++k) out.value[k] = from_float<T>(Op == ChunkOp::kSum ? acc[k] * args.scale : acc[k]);
+    for (int o = 0; o < 2; ++o) {
+      if (args.outputs[o] != nullptr) *reinterpret_cast<Vector*>(static_cast<T*>(args.outputs[o]) + i) = out;
+    }
+  }
+}
+
+template <typename T, ChunkOp Op, bool Vectorized>
+__global__ void __launch_bounds__(kThreads) reduce_chunk_kernel(KernelArgs args) {
+  constexpr int kPack = kVectorBytes / sizeof(T);
+  if constexpr (Vectorized) {
+    const std::int64_t vectorized = args.numel / kPack * kPack;
+    reduce_range<T, Op, kPack>(args, 0, vectorized);
+    reduce_range<T, Op, 1>(args, vectorized, args.numel);  // the tail
+  } else {
+    reduce_range<T, Op, 1>(args, 0, args.numel);
+  }
+}
+
+bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % kVectorBytes == 0; }
+
+template <typename T, ChunkOp Op>
+void launch(const ChunkReduction& r, cudaStream_t stream) {
+  KernelArgs args{};
+  bool vectorized = true;
+  for (int s = 0; s < r.source_count; ++s) {
+    args.sources[s] = r.sources[s];
+    vectorized = vectorized && aligned(r.sources[s]);
+  }
+  for (int o = 0; o < 2; ++o) {
+    args.outputs[o] = r.outputs[o];
+    vectorized = vectorized && (r.outputs[o] == nullptr || aligned(r.outputs[o]));
+  }
+  args.source_count = r.source_count;
+  args.numel = r.numel;
+  args.scale = r.scale;
+  // Enough blocks to fill the GPU a few times over at 16 bytes a thread, no
+  // more: the grid-stride loop takes the rest, and a short kernel leaves the
+  // SMs to the backward it runs beside sooner.
+  const std::int64_t packs = (r.numel * static_cast<std::int64_t>(sizeof(T)) + kVectorBytes - 1) / kVectorBytes;
+  const int blocks = static_cast<int>(std::min<std::int64_t>((packs + kThreads - 1) / kThreads, 1024));
+  if (vectorized) {
+    reduce_chunk_kernel<T, Op, true><<<blocks, kThreads, 0, stream>>>(args);
+  } else {
+    reduce_chunk_kernel<T, Op, false><<<blocks, kThreads, 0, stream>>>(args);
+  }
+  DDP_CUDA_CHECK_LAUNCH("reduce_chunk_kernel");
+}
+
+template <typename T>
+void launch_op(const ChunkReduction& r, cudaStream_t stream) {
+  if (r.op == ChunkOp::kSum) {
+    launch<T, ChunkOp::kSum>(r, stream);
+  } else {
+    launch<T, ChunkOp::kMax>(r, stream);
+  }
+}
+
+}  // namespace
+
+void reduce_chunk(const ChunkReduction& reduction, cudaStream_t stream) {
+  if (reduction.numel == 0) return;
+  switch (reduction.dtype) {
+    case ChunkDtype::kFloat: launch_op<float>(reduction, stream); break;
+    case ChunkDtype::kBFloat16: launch_op<__nv_bfloat16>(reduction, stream); break;
+    case ChunkDtype::kHalf: launch_op<__half>(reduction, stream); break;
+  }
+}
+
+}  // namespace ddp::detail

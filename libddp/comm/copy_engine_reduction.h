@@ -1,0 +1,102 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include <ddp/communicator.h>
+
+#include "comm/copy_engine_kernels.h"
+
+namespace at {
+class Tensor;
+}
+namespace c10d {
+class Store;
+}
+
+namespace ddp::detail {
+
+/// All-reduce between the GPUs of one node with the copy engines instead of
+/// NCCL's kernels, for the gradient buckets that a backward pass reduces while
+/// it runs. NCCL's kernels stay resident on SMs for the whole reduction and
+/// slowed a concurrent GEMM chain by 8.6% on 2 x H100 (NVLink); device-to-peer
+/// copies slowed it by 0.9% (benchmarks/allreduce/compute_interference.py,
+/// 2026-11-27). The SMs here only run a short kernel that adds what arrived.
+///
+/// Each rank owns a chunk of every piece of the tensor (a reduce-scatter, then
+/// an all-gather), through a staging area every rank maps from every other
+/// (CUDA IPC): it pushes the peers' chunks into their staging slots, adds the
+/// copies of its own chunk that arrived into its tensor and its result area,
+/// and pulls the peers' results into its tensor. Ranks signal each other with
+/// stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32 on
+/// counters in the staging areas), which wait on the device, not on the host
+/// and not on an SM.
+///
+/// Every rank must issue the same all-reduces in the same order (as with
+/// NCCL), and all of them on one stream. The counters grow with every piece,
+/// which a replayed CUDA graph cannot do: collectives recorded into a graph
+/// take NCCL (carries() says so).
+class CopyEngineReduction {
+ public:
+  /// Sets up the staging areas of all `world_size` ranks, which must be on one
+  /// node with peer access between every pair of GPUs (UsageError otherwise).
+  /// Collective: every rank calls it with the same `key`.
+  CopyEngineReduction(c10d::Store& store, const std::string& key, int rank, int world_size, int device_index,
+                      std::chrono::milliseconds timeout);
+  /// Frees the staging area if the stream drained after quiesce(); otherwise
+  /// leaves it to the process's exit (a peer may still be copying).
+  ~CopyEngineReduction();
+
+  CopyEngineReduction(const CopyEngineReduction&) = delete;
+  CopyEngineReduction& operator=(const CopyEngineReduction&) = delete;
+
+  /// Whether all_reduce() takes this tensor: fp32, bf16 or fp16 (any
+  /// ReduceOp), at least kMinBytes (NCCL's latency wins below), and not
+  /// recorded into a CUDA graph. The same answer on every rank for the same call.
+  static bool carries(const at::Tensor& tensor);
+
+  /// Queues the all-reduce of `tensor` (contiguous, on this rank's GPU) in
+  /// place on `stream`.
+  void all_reduce(const at::Tensor& tensor, ReduceOp op, cudaStream_t stream);
+
+  /// Queues on `stream` a wait until every peer is done with this rank's
+  /// staging area (the last piece's copies in and out of it). The caller
+  /// drains the stream and then says whether it did: the destructor frees the
+  /// area only then.
+  void quiesce(cudaStream_t stream);
+  void set_drained(bool drained) { drained_ = drained; }
+
+  /// Lets every wait this rank queued, or will queue, pass at once: after a
+  /// failure, so that the stream drains instead of waiting for a peer that
+  /// will not signal. Never blocks for long; never throws.
+  void release_waits() noexcept;
+
+  static constexpr std::int64_t kMinBytes = 512 << 10;
+
+ private:
+  /// The counters of one rank's staging area, one per peer and kind.
+  enum Counter { kPushed = 0, kPushConsumed = 1, kReduced = 2, kResultPulled = 3, kCounterKinds = 4 };
+  std::uint32_t* counter(int owner, Counter kind, int writer) const;
+  void* slot(int owner, int writer) const;
+  void* result(int owner) const;
+
+  void reduce_piece(char* data, std::int64_t numel, std::int64_t element_size, ReduceOp op, ChunkDtype dtype,
+                    cudaStream_t stream);
+
+  const int rank_;
+  const int world_size_;
+  const int device_index_;
+  std::int64_t slot_bytes_ = 0;
+  std::vector<char*> bases_;  ///< Every rank's staging area, mapped into this process (ours at rank_).
+  std::uint32_t piece_ = 0;   ///< Pieces reduced so far; the counters' values.
+  bool drained_ = false;
+  cudaStream_t release_stream_ = nullptr;
+  std::uint32_t* release_values_ = nullptr;  ///< Pinned host memory.
+};
+
+}  // namespace ddp::detail
