@@ -405,7 +405,7 @@ def markdown(report, args):
                       "state; gradients reduce-scattered, parameters all-gathered); PyTorch with plain DDP.", ""]
         if args.copy_engine_reductions:
             lines += ["libddp's gradient buckets of 512 KiB and more moved between the GPUs on the copy engines "
-                      "(`--copy-engine-reductions`; a captured step's stay on NCCL), PyTorch's on NCCL.", ""]
+                      "(`--copy-engine-reductions`), PyTorch's on NCCL.", ""]
         if args.reduce_dtype != "fp32":
             lines += [f"Gradients were all-reduced in {args.reduce_dtype} on both sides where there is more than "
                       "one GPU (libddp `comm_hooks::average_in`, PyTorch `bf16_compress_hook`); one GPU reduces "

@@ -16,22 +16,20 @@
 
 #include "comm/copy_engine_kernels.h"
 #include "cuda/cuda_check.h"
-#include "cuda/stream_capture.h"
 
 namespace ddp::detail {
 namespace {
 
 // Each slot holds one rank's copy of a chunk: 16 MiB, so that a 25 MiB DDP
-// bucket is one piece on two GPUs. The staging area of a rank is its counters
+// bucket is one piece on two GPUs. The staging area of a rank is its flags
 // and world_size + 1 such slots (48 MiB on two GPUs).
 constexpr std::int64_t kSlotBytes = 16 << 20;
-constexpr std::int64_t kCounterBytes = 4096;
+constexpr std::int64_t kFlagBytes = 4096;
 // Chunks start on 256-byte boundaries, so that the kernel's 16-byte loads
 // and the copies stay aligned wherever the tensor itself is.
 constexpr std::int64_t kChunkAlignBytes = 256;
-// What release_waits() writes into every counter: larger than any piece
-// number, so that every wait (counter >= value, compared cyclically) passes.
-constexpr std::uint32_t kReleased = 0x7fffffff;
+// What release_waits() writes into every flag: raised.
+constexpr std::uint32_t kReleased = 1;
 
 // Stream memory operations live in the driver API; the runtime hands out
 // their entry points, so libddp needs no link to libcuda.
@@ -66,19 +64,28 @@ void check_driver(CUresult result, const char* call) {
   }
 }
 
-/// Queues on `stream` a wait until `*counter` >= `value`.
-void wait_for(cudaStream_t stream, const std::uint32_t* counter, std::uint32_t value) {
+void write_flag(cudaStream_t stream, std::uint32_t* flag, std::uint32_t value) {
+  // Without CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: the write is fenced, so
+  // a peer that sees it sees the copies queued before it too.
   check_driver(
-      stream_memory_ops().wait(stream, reinterpret_cast<CUdeviceptr>(counter), value, CU_STREAM_WAIT_VALUE_GEQ),
-      "cuStreamWaitValue32");
+      stream_memory_ops().write(stream, reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT),
+      "cuStreamWriteValue32");
 }
 
-/// Queues on `stream` the store of `value` into `*counter` (here or on a peer),
-/// after everything queued before it is visible: the write fences.
-void signal(cudaStream_t stream, std::uint32_t* counter, std::uint32_t value) {
-  check_driver(
-      stream_memory_ops().write(stream, reinterpret_cast<CUdeviceptr>(counter), value, CU_STREAM_WRITE_VALUE_DEFAULT),
-      "cuStreamWriteValue32");
+/// Queues on `stream` a wait until `*flag` is raised (>= 1).
+void wait_raised(cudaStream_t stream, std::uint32_t* flag) {
+  check_driver(stream_memory_ops().wait(stream, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WAIT_VALUE_GEQ),
+               "cuStreamWaitValue32");
+}
+
+/// Queues on `stream` the raise of `*flag`, here or on a peer.
+void raise(cudaStream_t stream, std::uint32_t* flag) { write_flag(stream, flag, 1); }
+
+/// Queues on `stream` a wait until this rank's `*flag` is raised, then its
+/// lowering, before anything that lets the peer raise it again.
+void take(cudaStream_t stream, std::uint32_t* flag) {
+  wait_raised(stream, flag);
+  write_flag(stream, flag, 0);
 }
 
 ChunkDtype chunk_dtype(at::ScalarType dtype) {
@@ -127,13 +134,18 @@ CopyEngineReduction::CopyEngineReduction(c10d::Store& store, const std::string& 
   stream_memory_ops();  // fails here, at setup, if the driver lacks them
   slot_bytes_ = kSlotBytes;
   char* own = nullptr;
-  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&own), kCounterBytes + (world_size + 1) * slot_bytes_));
+  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&own), kFlagBytes + (world_size + 1) * slot_bytes_));
   bases_[rank] = own;
-  DDP_CUDA_CHECK(cudaMemset(own, 0, kCounterBytes));
-  DDP_CUDA_CHECK(cudaDeviceSynchronize());  // the counters are zero before any peer can see them
+  // Every slot and result area starts free (its consumer's flag raised),
+  // nothing pushed or reduced yet.
+  std::vector<std::uint32_t> flags(kFlagKinds * world_size, 0);
+  std::fill_n(flags.begin() + kPushConsumed * world_size, world_size, 1);
+  std::fill_n(flags.begin() + kResultPulled * world_size, world_size, 1);
+  DDP_CUDA_CHECK(cudaMemcpy(own, flags.data(), flags.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice));
+  DDP_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are set before any peer can see them
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&release_stream_, cudaStreamNonBlocking));
-  DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&release_values_), kCounterBytes));
-  std::fill(release_values_, release_values_ + kCounterBytes / sizeof(std::uint32_t), kReleased);
+  DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&release_values_), kFlagBytes));
+  std::fill(release_values_, release_values_ + kFlagBytes / sizeof(std::uint32_t), kReleased);
 
   Announcement mine{};
   DDP_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, own));
@@ -194,19 +206,18 @@ CopyEngineReduction::~CopyEngineReduction() {
 bool CopyEngineReduction::carries(const at::Tensor& tensor) {
   const at::ScalarType dtype = tensor.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
-  if (tensor.numel() * static_cast<std::int64_t>(tensor.element_size()) < kMinBytes) return false;
-  return !current_stream_capturing();
+  return tensor.numel() * static_cast<std::int64_t>(tensor.element_size()) >= kMinBytes;
 }
 
-std::uint32_t* CopyEngineReduction::counter(int owner, Counter kind, int writer) const {
+std::uint32_t* CopyEngineReduction::flag(int owner, Flag kind, int writer) const {
   return reinterpret_cast<std::uint32_t*>(bases_[owner]) + kind * world_size_ + writer;
 }
 
 void* CopyEngineReduction::slot(int owner, int writer) const {
-  return bases_[owner] + kCounterBytes + writer * slot_bytes_;
+  return bases_[owner] + kFlagBytes + writer * slot_bytes_;
 }
 
-void* CopyEngineReduction::result(int owner) const { return bases_[owner] + kCounterBytes + world_size_ * slot_bytes_; }
+void* CopyEngineReduction::result(int owner) const { return bases_[owner] + kFlagBytes + world_size_ * slot_bytes_; }
 
 void CopyEngineReduction::all_reduce(const at::Tensor& tensor, ReduceOp op, cudaStream_t stream) {
   const std::int64_t element_size = tensor.element_size();
@@ -220,7 +231,6 @@ void CopyEngineReduction::all_reduce(const at::Tensor& tensor, ReduceOp op, cuda
 
 void CopyEngineReduction::reduce_piece(char* data, std::int64_t numel, std::int64_t element_size, ReduceOp op,
                                        ChunkDtype dtype, cudaStream_t stream) {
-  const std::uint32_t k = ++piece_;
   const std::int64_t align = kChunkAlignBytes / element_size;
   const std::int64_t chunk = (numel + world_size_ - 1) / world_size_ + align - 1;
   const std::int64_t chunk_numel = chunk / align * align;  // <= a slot: slots hold a multiple of `align`
@@ -235,16 +245,16 @@ void CopyEngineReduction::reduce_piece(char* data, std::int64_t numel, std::int6
   // Reduce-scatter: each peer's chunk into its slot for us, once it has
   // consumed our previous one.
   for (const int peer : peers) {
-    wait_for(stream, counter(rank_, kPushConsumed, peer), k - 1);
+    take(stream, flag(rank_, kPushConsumed, peer));
     if (bytes(peer) > 0) {
       DDP_CUDA_CHECK(cudaMemcpyAsync(slot(peer, rank_), data + begin(peer) * element_size, bytes(peer),
                                      cudaMemcpyDeviceToDevice, stream));
     }
-    signal(stream, counter(peer, kPushed, rank_), k);
+    raise(stream, flag(peer, kPushed, rank_));
   }
   for (const int peer : peers) {
-    wait_for(stream, counter(rank_, kPushed, peer), k);
-    wait_for(stream, counter(rank_, kResultPulled, peer), k - 1);  // our result area is free again
+    take(stream, flag(rank_, kPushed, peer));
+    take(stream, flag(rank_, kResultPulled, peer));  // our result area is free again
   }
   ChunkReduction reduction;
   char* own = data + begin(rank_) * element_size;
@@ -260,41 +270,43 @@ void CopyEngineReduction::reduce_piece(char* data, std::int64_t numel, std::int6
   reduction.scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world_size_) : 1.0f;
   reduce_chunk(reduction, stream);
   for (const int peer : peers) {
-    signal(stream, counter(peer, kPushConsumed, rank_), k);
-    signal(stream, counter(peer, kReduced, rank_), k);
+    raise(stream, flag(peer, kPushConsumed, rank_));
+    raise(stream, flag(peer, kReduced, rank_));
   }
   // All-gather: each peer's result into our tensor.
   for (const int peer : peers) {
-    wait_for(stream, counter(rank_, kReduced, peer), k);
+    take(stream, flag(rank_, kReduced, peer));
     if (bytes(peer) > 0) {
       DDP_CUDA_CHECK(cudaMemcpyAsync(data + begin(peer) * element_size, result(peer), bytes(peer),
                                      cudaMemcpyDeviceToDevice, stream));
     }
-    signal(stream, counter(peer, kResultPulled, rank_), k);
+    raise(stream, flag(peer, kResultPulled, rank_));
   }
 }
 
 void CopyEngineReduction::quiesce(cudaStream_t stream) {
+  // Raised by a peer after its last copy out of our slot or result area.
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
-    wait_for(stream, counter(rank_, kPushConsumed, peer), piece_);
-    wait_for(stream, counter(rank_, kResultPulled, peer), piece_);
+    wait_raised(stream, flag(rank_, kPushConsumed, peer));
+    wait_raised(stream, flag(rank_, kResultPulled, peer));
   }
 }
 
-void CopyEngineReduction::release_waits() noexcept {
-  // A peer that is still alive may overwrite a counter with a smaller value
-  // afterwards; the failure path that calls this ends the job, so one write
-  // that lets the queued waits pass is what is needed.
+void CopyEngineReduction::release_waits(cudaStream_t stream) noexcept {
+  // Raises every flag of this rank, again and again: the stream lowers each
+  // flag it takes, and must find the next one raised too, until it has
+  // drained. Bounded: a peer that is still alive may keep writing.
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-  if (cudaMemcpyAsync(bases_[rank_], release_values_, kCounterBytes, cudaMemcpyHostToDevice, release_stream_) !=
-      cudaSuccess) {
-    return;
-  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (cudaStreamQuery(release_stream_) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
+  do {
+    if (cudaMemcpyAsync(bases_[rank_], release_values_, kFlagBytes, cudaMemcpyHostToDevice, release_stream_) !=
+            cudaSuccess ||
+        cudaStreamSynchronize(release_stream_) != cudaSuccess) {
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  } while (cudaStreamQuery(stream) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline);
 }
 
 }  // namespace ddp::detail

@@ -34,13 +34,14 @@ namespace ddp::detail {
 /// copies of its own chunk that arrived into its tensor and its result area,
 /// and pulls the peers' results into its tensor. Ranks signal each other with
 /// stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32 on
-/// counters in the staging areas), which wait on the device, not on the host
-/// and not on an SM.
+/// flags in the staging areas), which wait on the device, not on the host and
+/// not on an SM. Each flag is raised by one peer and lowered by its owner once
+/// taken, before anything that lets the peer raise it again; a piece leaves
+/// every flag as it found it, so the same operations recorded into a CUDA
+/// graph work at every replay.
 ///
 /// Every rank must issue the same all-reduces in the same order (as with
-/// NCCL), and all of them on one stream. The counters grow with every piece,
-/// which a replayed CUDA graph cannot do: collectives recorded into a graph
-/// take NCCL (carries() says so).
+/// NCCL), and all of them on one stream.
 class CopyEngineReduction {
  public:
   /// Sets up the staging areas of all `world_size` ranks, which must be on one
@@ -56,8 +57,8 @@ class CopyEngineReduction {
   CopyEngineReduction& operator=(const CopyEngineReduction&) = delete;
 
   /// Whether all_reduce() takes this tensor: fp32, bf16 or fp16 (any
-  /// ReduceOp), at least kMinBytes (NCCL's latency wins below), and not
-  /// recorded into a CUDA graph. The same answer on every rank for the same call.
+  /// ReduceOp) and at least kMinBytes (NCCL's latency wins below). The same
+  /// answer on every rank for the same call.
   static bool carries(const at::Tensor& tensor);
 
   /// Queues the all-reduce of `tensor` (contiguous, on this rank's GPU) in
@@ -71,17 +72,20 @@ class CopyEngineReduction {
   void quiesce(cudaStream_t stream);
   void set_drained(bool drained) { drained_ = drained; }
 
-  /// Lets every wait this rank queued, or will queue, pass at once: after a
-  /// failure, so that the stream drains instead of waiting for a peer that
-  /// will not signal. Never blocks for long; never throws.
-  void release_waits() noexcept;
+  /// Lets every wait queued on `stream` pass: after a failure, so that the
+  /// stream drains instead of waiting for a peer that will not signal. Blocks
+  /// for at most 2 s; never throws.
+  void release_waits(cudaStream_t stream) noexcept;
 
   static constexpr std::int64_t kMinBytes = 512 << 10;
 
  private:
-  /// The counters of one rank's staging area, one per peer and kind.
-  enum Counter { kPushed = 0, kPushConsumed = 1, kReduced = 2, kResultPulled = 3, kCounterKinds = 4 };
-  std::uint32_t* counter(int owner, Counter kind, int writer) const;
+  /// The flags of one rank's staging area, one per kind and peer that raises it:
+  /// kPushed, the peer's copy of our chunk is in our slot; kPushConsumed, the
+  /// peer has reduced what we pushed into its slot; kReduced, the peer's result
+  /// is in its result area; kResultPulled, the peer has copied our result.
+  enum Flag { kPushed = 0, kPushConsumed = 1, kReduced = 2, kResultPulled = 3, kFlagKinds = 4 };
+  std::uint32_t* flag(int owner, Flag kind, int writer) const;
   void* slot(int owner, int writer) const;
   void* result(int owner) const;
 
@@ -93,7 +97,6 @@ class CopyEngineReduction {
   const int device_index_;
   std::int64_t slot_bytes_ = 0;
   std::vector<char*> bases_;  ///< Every rank's staging area, mapped into this process (ours at rank_).
-  std::uint32_t piece_ = 0;   ///< Pieces reduced so far; the counters' values.
   bool drained_ = false;
   cudaStream_t release_stream_ = nullptr;
   std::uint32_t* release_values_ = nullptr;  ///< Pinned host memory.

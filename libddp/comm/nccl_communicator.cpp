@@ -172,7 +172,7 @@ class NcclCommunicator final : public CommunicatorBase {
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
     // First, so that a collective queued behind a copy-engine one on the
     // stream is reached and NCCL's abort can end it.
-    if (copy_engine_) copy_engine_->release_waits();
+    if (copy_engine_) copy_engine_->release_waits(stream_.stream());
 #endif
     if (comm_ == nullptr) return;
     ncclCommAbort(comm_);

@@ -331,9 +331,14 @@ TEST(DdpNccl, AHookWhoseFinishUsesItsCommunicatorWorksUnderTheTimeline) {
 // Two ranks: the bucket reductions are recorded into the graph (NCCL inside
 // the capture, the comm stream joining it) and each replay is watched as one
 // collective; the replays must train as the eager steps do.
-void expect_captured_matches_eager_on_two_gpus(const ddp::testing::CapturedScenario& scenario, const char* name) {
+void expect_captured_matches_eager_on_two_gpus(const ddp::testing::CapturedScenario& scenario, const char* name,
+                                               bool copy_engine_reductions = false) {
   expect_all_succeeded(run_ranks(2, [&](int rank) {
-    const auto result = ddp::testing::check_captured_step_matches_eager(init_nccl(), scenario);
+    auto pg = ddp::init(ddp::InitOptions()
+                            .backend(ddp::Backend::kNccl)
+                            .timeout(std::chrono::seconds(60))
+                            .copy_engine_reductions(copy_engine_reductions));
+    const auto result = ddp::testing::check_captured_step_matches_eager(pg, scenario);
     if (rank == 0) {
       std::printf("captured vs eager, 2 GPUs, %s: largest difference %.3g, scales %g / %g\n", name, result.difference,
                   result.eager_scale, result.captured_scale);
@@ -346,6 +351,15 @@ void expect_captured_matches_eager_on_two_gpus(const ddp::testing::CapturedScena
 
 TEST(DdpNccl, CapturedStepWithBucketReductionsInTheGraphMatchesEager) {
   expect_captured_matches_eager_on_two_gpus({}, "fp32");
+}
+
+// Gradients of 1 MiB and 512 KiB: the copy engines' copies and flags are
+// recorded into the graph and must work at every replay, with no_sync too.
+TEST(DdpNccl, CapturedStepWithCopyEngineReductionsInTheGraphMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().hidden(8192), "fp32, copy engines",
+                                            /*copy_engine_reductions=*/true);
+  expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().hidden(8192).micro_batches(2),
+                                            "fp32, copy engines, no_sync", /*copy_engine_reductions=*/true);
 }
 
 // The inf is in rank 1's batch only: the ranks agree on skipping inside the

@@ -12,17 +12,17 @@
 namespace ddp::testing {
 namespace {
 
-constexpr int64_t kRows = 64, kIn = 32, kHidden = 64, kOut = 16;  // FP8 needs multiples of 16
+constexpr int64_t kRows = 64, kIn = 32, kOut = 16;  // FP8 needs multiples of 16
 
 /// Two Float8Linear layers (plain Linear unless FP8 is on), each run as a
 /// unit, which Sharding::kFull gathers and frees around it; optionally a
 /// third that the forward never calls.
 struct UnitMlpImpl : torch::nn::Module {
-  UnitMlpImpl(bool float8, bool unused_layer) {
+  UnitMlpImpl(bool float8, bool unused_layer, int64_t hidden) {
     const auto recipe = Float8Options().scaling(Float8Scaling::kDelayed).amax_history_len(16).enabled(float8);
-    first = register_module("first", Float8Linear(torch::nn::LinearOptions(kIn, kHidden), recipe));
-    second = register_module("second", Float8Linear(torch::nn::LinearOptions(kHidden, kOut), recipe));
-    if (unused_layer) register_module("unused", torch::nn::Linear(kHidden, kHidden));
+    first = register_module("first", Float8Linear(torch::nn::LinearOptions(kIn, hidden), recipe));
+    second = register_module("second", Float8Linear(torch::nn::LinearOptions(hidden, kOut), recipe));
+    if (unused_layer) register_module("unused", torch::nn::Linear(hidden, hidden));
   }
   at::Tensor forward(const at::Tensor& x) {
     const at::Tensor hidden = torch::relu(in_unit(*first, [&] { return first(x); }));
@@ -36,7 +36,7 @@ using Model = DistributedDataParallel<UnitMlp>;
 
 UnitMlp make_mlp(const torch::Device& device, const CapturedScenario& scenario) {
   torch::manual_seed(7);
-  UnitMlp mlp(scenario.float8(), scenario.unused_layer());
+  UnitMlp mlp(scenario.float8(), scenario.unused_layer(), scenario.hidden());
   mlp->to(device);
   return mlp;
 }

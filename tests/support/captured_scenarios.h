@@ -37,6 +37,8 @@ struct CapturedScenario {
   /// static_graph (what a recorded step needs to skip it).
   TORCH_ARG(bool, unused_layer) = false;
   TORCH_ARG(double, tolerance) = 1e-6;
+  /// Width of the hidden layer (wide: gradient buckets of megabytes).
+  TORCH_ARG(int64_t, hidden) = 64;
 };
 
 /// How the captured copy ended against the eager one.
