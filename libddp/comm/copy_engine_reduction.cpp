@@ -22,14 +22,13 @@ namespace {
 
 // Each slot holds one rank's copy of a chunk: 16 MiB, so that a 25 MiB DDP
 // bucket is one piece on two GPUs. The staging area of a rank is its flags
-// and world_size + 1 such slots (48 MiB on two GPUs).
+// and world_size such slots (32 MiB on two GPUs, 128 MiB on eight): one per
+// peer to push into, and its own, which holds its result for the peers.
 constexpr std::int64_t kSlotBytes = 16 << 20;
 constexpr std::int64_t kFlagBytes = 4096;
 // Chunks start on 256-byte boundaries, so that the kernel's 16-byte loads
 // and the copies stay aligned wherever the tensor itself is.
 constexpr std::int64_t kChunkAlignBytes = 256;
-// What release_waits() writes into every flag: raised.
-constexpr std::uint32_t kReleased = 1;
 
 // Stream memory operations live in the driver API; the runtime hands out
 // their entry points, so libddp needs no link to libcuda.
@@ -58,24 +57,26 @@ const StreamMemoryOps& stream_memory_ops() {
   return ops;
 }
 
-void check_driver(CUresult result, const char* call) {
+void check_driver(CUresult result, const char* call, const char* file, int line) {
   if (result != CUDA_SUCCESS) {
-    throw std::runtime_error(fmt::format("{} failed: CUresult {}", call, static_cast<int>(result)));
+    throw std::runtime_error(
+        fmt::format("{} failed at {}:{}: CUresult {}", call, file, line, static_cast<int>(result)));
   }
 }
+#define DDP_DRIVER_CHECK(result, call) check_driver((result), call, __FILE__, __LINE__)
 
 void write_flag(cudaStream_t stream, std::uint32_t* flag, std::uint32_t value) {
   // Without CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: the write is fenced, so
   // a peer that sees it sees the copies queued before it too.
-  check_driver(
+  DDP_DRIVER_CHECK(
       stream_memory_ops().write(stream, reinterpret_cast<CUdeviceptr>(flag), value, CU_STREAM_WRITE_VALUE_DEFAULT),
       "cuStreamWriteValue32");
 }
 
 /// Queues on `stream` a wait until `*flag` is raised (>= 1).
 void wait_raised(cudaStream_t stream, std::uint32_t* flag) {
-  check_driver(stream_memory_ops().wait(stream, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WAIT_VALUE_GEQ),
-               "cuStreamWaitValue32");
+  DDP_DRIVER_CHECK(stream_memory_ops().wait(stream, reinterpret_cast<CUdeviceptr>(flag), 1, CU_STREAM_WAIT_VALUE_GEQ),
+                   "cuStreamWaitValue32");
 }
 
 /// Queues on `stream` the raise of `*flag`, here or on a peer.
@@ -119,6 +120,20 @@ T from_bytes(const std::vector<std::uint8_t>& bytes, const std::string& key) {
   return value;
 }
 
+/// Every rank says whether `ok` holds for it; returns the ranks where it did
+/// not (" 1 3"), the same string on every rank.
+std::string ranks_failing(c10d::Store& store, const std::string& key, int rank, int world_size, bool ok,
+                          std::chrono::milliseconds timeout) {
+  store.set(fmt::format("{}/{}", key, rank), bytes_of(static_cast<int>(ok)));
+  std::string failing;
+  for (int peer = 0; peer < world_size; ++peer) {
+    const std::string peer_key = fmt::format("{}/{}", key, peer);
+    store.wait({peer_key}, timeout);
+    if (!from_bytes<int>(store.get(peer_key), peer_key)) failing += fmt::format(" {}", peer);
+  }
+  return failing;
+}
+
 }  // namespace
 
 CopyEngineReduction::CopyEngineReduction(c10d::Store& store, const std::string& key, int rank, int world_size,
@@ -131,76 +146,103 @@ CopyEngineReduction::CopyEngineReduction(c10d::Store& store, const std::string& 
                     kMaxChunkSources, world_size));
   }
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index));
+  try {
+    set_up(store, key, timeout);
+  } catch (...) {
+    free_resources(/*staging_area_too=*/true);  // the destructor does not run for a half-built object
+    throw;
+  }
+}
+
+void CopyEngineReduction::set_up(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout) {
   stream_memory_ops();  // fails here, at setup, if the driver lacks them
-  slot_bytes_ = kSlotBytes;
-  char* own = nullptr;
-  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&own), kFlagBytes + (world_size + 1) * slot_bytes_));
-  bases_[rank] = own;
+  DDP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&bases_[rank_]), kFlagBytes + world_size_ * kSlotBytes));
   // Every slot and result area starts free (its consumer's flag raised),
-  // nothing pushed or reduced yet.
-  std::vector<std::uint32_t> flags(kFlagKinds * world_size, 0);
-  std::fill_n(flags.begin() + kPushConsumed * world_size, world_size, 1);
-  std::fill_n(flags.begin() + kResultPulled * world_size, world_size, 1);
-  DDP_CUDA_CHECK(cudaMemcpy(own, flags.data(), flags.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice));
+  // nothing pushed or reduced yet, no peer failed.
+  std::vector<std::uint32_t> flags(flag_words(), 0);
+  std::fill_n(flags.begin() + kPushConsumed * world_size_, world_size_, 1);
+  std::fill_n(flags.begin() + kResultPulled * world_size_, world_size_, 1);
+  DDP_CUDA_CHECK(cudaMemcpy(bases_[rank_], flags.data(), flags.size() * sizeof(std::uint32_t), cudaMemcpyHostToDevice));
   DDP_CUDA_CHECK(cudaDeviceSynchronize());  // the flags are set before any peer can see them
   DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&release_stream_, cudaStreamNonBlocking));
-  DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&release_values_), kFlagBytes));
-  std::fill(release_values_, release_values_ + kFlagBytes / sizeof(std::uint32_t), kReleased);
+  DDP_CUDA_CHECK(cudaStreamCreateWithFlags(&poll_stream_, cudaStreamNonBlocking));
+  DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&raised_), flag_words() * sizeof(std::uint32_t)));
+  std::fill(raised_, raised_ + flag_words(), 1u);
+  DDP_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&peers_failed_), world_size_ * sizeof(std::uint32_t)));
 
   Announcement mine{};
-  DDP_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, own));
-  mine.device_index = device_index;
-  store.set(fmt::format("{}/area/{}", key, rank), bytes_of(mine));
-  std::vector<Announcement> peers(world_size);
+  DDP_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, bases_[rank_]));
+  mine.device_index = device_index_;
+  store.set(fmt::format("{}/area/{}", key, rank_), bytes_of(mine));
+  std::vector<Announcement> peers(world_size_);
   std::string unreachable;
-  for (int peer = 0; peer < world_size; ++peer) {
-    if (peer == rank) continue;
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
     const std::string peer_key = fmt::format("{}/area/{}", key, peer);
     store.wait({peer_key}, timeout);
     peers[peer] = from_bytes<Announcement>(store.get(peer_key), peer_key);
     int can_access = 0;
-    DDP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device_index, peers[peer].device_index));
-    if (!can_access || peers[peer].device_index == device_index) {
+    DDP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device_index_, peers[peer].device_index));
+    if (!can_access || peers[peer].device_index == device_index_) {
       unreachable += fmt::format(" cuda:{} (rank {})", peers[peer].device_index, peer);
     }
   }
   // Every rank learns whether every rank can reach its peers, so that all
   // take the copy engines or all fail here, rather than some waiting forever.
-  store.set(fmt::format("{}/reachable/{}", key, rank), bytes_of(static_cast<int>(unreachable.empty())));
-  std::string failed_ranks;
-  for (int peer = 0; peer < world_size; ++peer) {
-    const std::string peer_key = fmt::format("{}/reachable/{}", key, peer);
-    store.wait({peer_key}, timeout);
-    if (!from_bytes<int>(store.get(peer_key), peer_key)) failed_ranks += fmt::format(" {}", peer);
-  }
-  if (!failed_ranks.empty()) {
+  const std::string lacking =
+      ranks_failing(store, key + "/reachable", rank_, world_size_, unreachable.empty(), timeout);
+  if (!lacking.empty()) {
     throw UsageError(fmt::format(
         "copy-engine reductions need peer access between the GPUs of every pair of ranks, each rank on its own GPU; "
         "rank(s){} lack it{}. Turn them off (DDP_COPY_ENGINE_REDUCTIONS=0) or check `nvidia-smi topo -m`",
-        failed_ranks,
-        unreachable.empty() ? "" : fmt::format(" (this rank, cuda:{}, cannot reach{})", device_index, unreachable)));
+        lacking,
+        unreachable.empty() ? "" : fmt::format(" (this rank, cuda:{}, cannot reach{})", device_index_, unreachable)));
   }
-  for (int peer = 0; peer < world_size; ++peer) {
-    if (peer == rank) continue;
-    DDP_CUDA_CHECK(cudaIpcOpenMemHandle(reinterpret_cast<void**>(&bases_[peer]), peers[peer].handle,
-                                        cudaIpcMemLazyEnablePeerAccess));
+  std::string open_error;
+  for (int peer = 0; peer < world_size_ && open_error.empty(); ++peer) {
+    if (peer == rank_) continue;
+    const cudaError_t opened = cudaIpcOpenMemHandle(reinterpret_cast<void**>(&bases_[peer]), peers[peer].handle,
+                                                    cudaIpcMemLazyEnablePeerAccess);
+    if (opened != cudaSuccess) {
+      bases_[peer] = nullptr;
+      open_error =
+          fmt::format("cudaIpcOpenMemHandle of rank {}'s staging area failed: {}", peer, cudaGetErrorString(opened));
+    }
+  }
+  const std::string unopened = ranks_failing(store, key + "/opened", rank_, world_size_, open_error.empty(), timeout);
+  if (!unopened.empty()) {
+    throw Error(
+        fmt::format("libddp: rank(s){} could not map their peers' copy-engine staging areas{}; turn "
+                    "copy-engine reductions off (DDP_COPY_ENGINE_REDUCTIONS=0)",
+                    unopened, open_error.empty() ? "" : fmt::format(" (here: {})", open_error)));
   }
 }
 
 CopyEngineReduction::~CopyEngineReduction() {
+  stop_release_ = true;
+  if (release_thread_.joinable()) release_thread_.join();
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-  if (drained_) {
-    // The peers are done with this area (quiesce()): unmapping theirs and
-    // freeing ours cannot pull memory from under a copy in flight.
+  // Without drained_, a peer may still copy into or out of the staging area:
+  // it stays until the process exits.
+  free_resources(/*staging_area_too=*/drained_);
+}
+
+void CopyEngineReduction::free_resources(bool staging_area_too) noexcept {
+  // Teardown: errors have nowhere to go, and a failed release is no reason to
+  // fail the job that is ending.
+  if (staging_area_too) {
     for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer != rank_ && bases_[peer] != nullptr) cudaIpcCloseMemHandle(bases_[peer]);
+      if (peer != rank_ && bases_[peer] != nullptr) (void)cudaIpcCloseMemHandle(bases_[peer]);
     }
-    cudaFree(bases_[rank_]);
+    if (bases_[rank_] != nullptr) (void)cudaFree(bases_[rank_]);
   }
-  if (release_stream_ != nullptr && cudaStreamQuery(release_stream_) != cudaErrorNotReady) {
-    cudaStreamDestroy(release_stream_);
-    cudaFreeHost(release_values_);
+  for (cudaStream_t stream : {release_stream_, poll_stream_}) {
+    if (stream == nullptr) continue;
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaStreamDestroy(stream);
   }
+  if (raised_ != nullptr) (void)cudaFreeHost(raised_);
+  if (peers_failed_ != nullptr) (void)cudaFreeHost(peers_failed_);
 }
 
 bool CopyEngineReduction::carries(const at::Tensor& tensor) {
@@ -214,14 +256,18 @@ std::uint32_t* CopyEngineReduction::flag(int owner, Flag kind, int writer) const
 }
 
 void* CopyEngineReduction::slot(int owner, int writer) const {
-  return bases_[owner] + kFlagBytes + writer * slot_bytes_;
+  return bases_[owner] + kFlagBytes + writer * kSlotBytes;
 }
 
-void* CopyEngineReduction::result(int owner) const { return bases_[owner] + kFlagBytes + world_size_ * slot_bytes_; }
+void* CopyEngineReduction::result(int owner) const { return slot(owner, owner); }
+
+std::uint32_t* CopyEngineReduction::failure_word(int owner, int writer) const {
+  return reinterpret_cast<std::uint32_t*>(bases_[owner]) + kFlagKinds * world_size_ + writer;
+}
 
 void CopyEngineReduction::all_reduce(const at::Tensor& tensor, ReduceOp op, cudaStream_t stream) {
   const std::int64_t element_size = tensor.element_size();
-  const std::int64_t piece = world_size_ * (slot_bytes_ / element_size);
+  const std::int64_t piece = world_size_ * (kSlotBytes / element_size);
   char* data = static_cast<char*>(tensor.data_ptr());
   for (std::int64_t offset = 0; offset < tensor.numel(); offset += piece) {
     reduce_piece(data + offset * element_size, std::min(piece, tensor.numel() - offset), element_size, op,
@@ -293,20 +339,52 @@ void CopyEngineReduction::quiesce(cudaStream_t stream) {
   }
 }
 
-void CopyEngineReduction::release_waits(cudaStream_t stream) noexcept {
-  // Raises every flag of this rank, again and again: the stream lowers each
-  // flag it takes, and must find the next one raised too, until it has
-  // drained. Bounded: a peer that is still alive may keep writing.
+void CopyEngineReduction::release_after_failure() noexcept {
+  if (releasing_.exchange(true)) return;
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  do {
-    if (cudaMemcpyAsync(bases_[rank_], release_values_, kFlagBytes, cudaMemcpyHostToDevice, release_stream_) !=
-            cudaSuccess ||
-        cudaStreamSynchronize(release_stream_) != cudaSuccess) {
-      return;
+  // First the peers hear of it: what this rank's stream still sends them is no
+  // reduction, and their watchdogs fail their collectives (failed_peers()).
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer != rank_)
+      (void)cudaMemcpyAsync(failure_word(peer, rank_), raised_, sizeof(std::uint32_t), cudaMemcpyHostToDevice,
+                            release_stream_);
+  }
+  // Then this rank's flags are raised again and again until the destructor:
+  // each queued wait passes and lowers its flag, and the next one, on the
+  // communicator's stream or in a CUDA graph's replay, must find its flag
+  // raised too, while NCCL's abort ends NCCL's kernels between them.
+  release_thread_ = std::thread([this] {
+    c10::cuda::CUDAGuard thread_guard(static_cast<c10::DeviceIndex>(device_index_));
+    while (!stop_release_) {
+      if (cudaMemcpyAsync(bases_[rank_], raised_, kFlagKinds * world_size_ * sizeof(std::uint32_t),
+                          cudaMemcpyHostToDevice, release_stream_) != cudaSuccess ||
+          cudaStreamSynchronize(release_stream_) != cudaSuccess) {
+        return;  // the context is gone: nothing queued will run anyway
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  } while (cudaStreamQuery(stream) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline);
+  });
+}
+
+std::string CopyEngineReduction::failed_peers() noexcept {
+  std::lock_guard<std::mutex> lock(poll_mutex_);  // the watchdog and waiting threads both ask
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_index_));
+  const cudaError_t read = cudaMemcpyAsync(peers_failed_, failure_word(rank_, 0), world_size_ * sizeof(std::uint32_t),
+                                           cudaMemcpyDeviceToHost, poll_stream_);
+  const cudaError_t synchronized = read == cudaSuccess ? cudaStreamSynchronize(poll_stream_) : read;
+  if (synchronized != cudaSuccess) {
+    return fmt::format("reading the copy-engine staging area's failure words failed: {}",
+                       cudaGetErrorString(synchronized));
+  }
+  std::string ranks;
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer != rank_ && peers_failed_[peer] != 0) ranks += fmt::format(" {}", peer);
+  }
+  if (ranks.empty()) return {};
+  return fmt::format(
+      "rank(s){} abandoned their copy-engine reductions after a failure of their own, so what this "
+      "rank's collectives received from them is no reduction",
+      ranks);
 }
 
 }  // namespace ddp::detail

@@ -1,9 +1,12 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -72,10 +75,16 @@ class CopyEngineReduction {
   void quiesce(cudaStream_t stream);
   void set_drained(bool drained) { drained_ = drained; }
 
-  /// Lets every wait queued on `stream` pass: after a failure, so that the
-  /// stream drains instead of waiting for a peer that will not signal. Blocks
-  /// for at most 2 s; never throws.
-  void release_waits(cudaStream_t stream) noexcept;
+  /// After a failure of this rank: tells the peers (failed_peers() on their
+  /// side) and keeps raising this rank's flags from a helper thread until
+  /// destruction, so that every wait it queued passes and the streams drain,
+  /// wherever the work was queued (the communicator's stream, a graph
+  /// replay). Returns at once; never throws.
+  void release_after_failure() noexcept;
+
+  /// Which peers gave up after failures of their own (release_after_failure):
+  /// a one-line description to fail this rank's collectives with, or empty.
+  std::string failed_peers() noexcept;
 
   static constexpr std::int64_t kMinBytes = 512 << 10;
 
@@ -86,20 +95,30 @@ class CopyEngineReduction {
   /// is in its result area; kResultPulled, the peer has copied our result.
   enum Flag { kPushed = 0, kPushConsumed = 1, kReduced = 2, kResultPulled = 3, kFlagKinds = 4 };
   std::uint32_t* flag(int owner, Flag kind, int writer) const;
+  /// Set by `writer` in `owner`'s area when it gives up (release_after_failure).
+  std::uint32_t* failure_word(int owner, int writer) const;
+  int flag_words() const { return (kFlagKinds + 1) * world_size_; }
   void* slot(int owner, int writer) const;
   void* result(int owner) const;
 
+  void set_up(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout);
+  void free_resources(bool staging_area_too) noexcept;
   void reduce_piece(char* data, std::int64_t numel, std::int64_t element_size, ReduceOp op, ChunkDtype dtype,
                     cudaStream_t stream);
 
   const int rank_;
   const int world_size_;
   const int device_index_;
-  std::int64_t slot_bytes_ = 0;
   std::vector<char*> bases_;  ///< Every rank's staging area, mapped into this process (ours at rank_).
   bool drained_ = false;
   cudaStream_t release_stream_ = nullptr;
-  std::uint32_t* release_values_ = nullptr;  ///< Pinned host memory.
+  cudaStream_t poll_stream_ = nullptr;
+  std::uint32_t* raised_ = nullptr;        ///< Pinned: flag_words() ones.
+  std::uint32_t* peers_failed_ = nullptr;  ///< Pinned: the failure words, as last read.
+  std::mutex poll_mutex_;                  ///< Guards peers_failed_ and poll_stream_.
+  std::atomic<bool> releasing_{false};
+  std::atomic<bool> stop_release_{false};
+  std::thread release_thread_;
 };
 
 }  // namespace ddp::detail

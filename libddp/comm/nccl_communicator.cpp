@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -77,7 +78,15 @@ class NcclOp final : public BackendOp {
   // A collective recorded into a CUDA graph was not launched: it runs at
   // each replay, which CapturedStep watches as a whole. Its events are graph
   // nodes that must not be queried.
-  bool poll() override { return captured || done.query(); }
+  bool poll() override {
+    if (captured) return true;
+    if (!done.query()) return false;
+    if (check_peers) {
+      const std::string failed = check_peers();
+      if (!failed.empty()) throw Error(failed);
+    }
+    return true;
+  }
   bool order_current_stream() override {
     done.block(c10::cuda::getCurrentCUDAStream(device_index));
     return true;
@@ -86,6 +95,9 @@ class NcclOp final : public BackendOp {
   c10::DeviceIndex device_index = 0;
   bool captured = false;
   at::cuda::CUDAEvent done;
+  /// For a collective whose data came from peers through the copy engines: a
+  /// peer that gave up may have sent what it had; non-empty says so.
+  std::function<std::string()> check_peers;
 };
 
 class NcclCommunicator final : public CommunicatorBase {
@@ -103,8 +115,13 @@ class NcclCommunicator final : public CommunicatorBase {
     comm_ = create_communicator(id, setup.world_size, setup.rank, device_index, setup.timeout);
     if (copy_engine_reductions && setup.world_size > 1) {
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
-      copy_engine_ = std::make_unique<CopyEngineReduction>(*setup.store, "ddp/copy_engine/" + setup.name, setup.rank,
-                                                           setup.world_size, device_index, setup.timeout);
+      try {
+        copy_engine_ = std::make_shared<CopyEngineReduction>(*setup.store, "ddp/copy_engine/" + setup.name, setup.rank,
+                                                             setup.world_size, device_index, setup.timeout);
+      } catch (...) {
+        abort_nccl();  // the destructor does not run for a half-built object
+        throw;
+      }
 #else
       throw UsageError(
           "libddp was built without copy-engine reductions (they need its CUDA kernels); turn them off "
@@ -126,10 +143,15 @@ class NcclCommunicator final : public CommunicatorBase {
   std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
     if (copy_engine_ && CopyEngineReduction::carries(tensor)) {
-      return launch({tensor}, "copy-engine all-reduce", [&](cudaStream_t stream) {
+      auto reduction = launch({tensor}, "copy-engine all-reduce", [&](cudaStream_t stream) {
         copy_engine_->all_reduce(tensor, op, stream);
         return ncclSuccess;
       });
+      reduction->check_peers = [weak = std::weak_ptr<CopyEngineReduction>(copy_engine_)] {
+        const auto copy_engine = weak.lock();  // a Work may outlive its communicator
+        return copy_engine ? copy_engine->failed_peers() : std::string();
+      };
+      return reduction;
     }
 #endif
     return launch({tensor}, "ncclAllReduce", [&](cudaStream_t stream) {
@@ -168,18 +190,23 @@ class NcclCommunicator final : public CommunicatorBase {
     return op;
   }
 
+  /// After a failure: the copy engines' waits are released from a helper
+  /// thread while NCCL's abort ends NCCL's kernels, in whatever order the two
+  /// kinds of work were queued.
   void abort() noexcept override {
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
-    // First, so that a collective queued behind a copy-engine one on the
-    // stream is reached and NCCL's abort can end it.
-    if (copy_engine_) copy_engine_->release_waits(stream_.stream());
+    if (copy_engine_) copy_engine_->release_after_failure();
 #endif
-    if (comm_ == nullptr) return;
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
+    abort_nccl();
   }
 
   std::string poll_async_error() override {
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    if (copy_engine_) {
+      std::string failed = copy_engine_->failed_peers();
+      if (!failed.empty()) return failed;
+    }
+#endif
     if (comm_ == nullptr) return {};
     ncclResult_t state = ncclSuccess;
     if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return "ncclCommGetAsyncError failed";
@@ -191,7 +218,7 @@ class NcclCommunicator final : public CommunicatorBase {
 
  private:
   template <typename Call>
-  std::unique_ptr<BackendOp> launch(std::initializer_list<at::Tensor> tensors, const char* name, Call&& call) {
+  std::unique_ptr<NcclOp> launch(std::initializer_list<at::Tensor> tensors, const char* name, Call&& call) {
     c10::cuda::CUDAGuard guard(device_index_);
     auto op = std::make_unique<NcclOp>();
     op->device_index = device_index_;
@@ -297,14 +324,20 @@ class NcclCommunicator final : public CommunicatorBase {
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
     if (copy_engine_) copy_engine_->set_drained(quiescing && cudaStreamQuery(stream_.stream()) == cudaSuccess);
 #endif
-    abort();
+    abort_nccl();
+  }
+
+  void abort_nccl() noexcept {
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
   }
 
   const c10::DeviceIndex device_index_;
   c10::cuda::CUDAStream stream_;
   ncclComm_t comm_ = nullptr;
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
-  std::unique_ptr<CopyEngineReduction> copy_engine_;  // null unless asked for
+  std::shared_ptr<CopyEngineReduction> copy_engine_;  // null unless asked for
 #endif
 };
 

@@ -188,7 +188,9 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
         const int logged_before = all_reduces_nccl_logged();
         int small = 0;
         for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-          for (std::int64_t numel : {1000, 1 << 18, 1 << 20, 9'000'007}) {
+          // 8,388,609 fp32: a second piece of one element, whose chunk on rank 1 is empty;
+          // 17,000,000: two pieces in the 16-bit dtypes too.
+          for (std::int64_t numel : {1000, 1 << 18, 1 << 20, 8'388'609, 17'000'000}) {
             for (auto op : {ddp::ReduceOp::kSum, ddp::ReduceOp::kAvg, ddp::ReduceOp::kMax}) {
               check_all_reduce(comm, dtype, numel, op);
               small += numel * static_cast<std::int64_t>(c10::elementSize(dtype)) < (512 << 10);
@@ -196,7 +198,7 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
           }
         }
         const auto options = at::TensorOptions().device(pg->device());
-        at::Tensor storage = at::zeros({(1 << 20) + 1}, options);
+        at::Tensor storage = at::zeros({(1 << 20) + 2}, options);
         at::Tensor misaligned = storage.narrow(0, 1, 1 << 20);  // 4 bytes past the allocation's start
         misaligned.copy_(at::arange(1 << 20, options).remainder(7) + rank);
         comm.all_reduce(misaligned)->wait();
@@ -204,6 +206,7 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
             (misaligned - (2 * at::arange(1 << 20, options).remainder(7) + 1)).abs().max().item<double>();
         require(error == 0, "misaligned all_reduce off by " + std::to_string(error));
         require(storage[0].item<float>() == 0, "the all_reduce wrote before its tensor");
+        require(storage[(1 << 20) + 1].item<float>() == 0, "the all_reduce wrote past its tensor");
         std::vector<at::Tensor> tensors;
         std::vector<std::shared_ptr<ddp::Work>> works;
         for (int i = 0; i < 6; ++i) {
@@ -223,26 +226,38 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
       nccl_logging_collectives()));
 }
 
-TEST(CopyEngineReductions, AStalledPeerTimesOutAndTheStreamDrains) {
+// Rank 0 queues an NCCL all-reduce its peer never issues and a copy-engine
+// one behind it: the timeout must end both and drain the stream. Rank 1,
+// waking later, must not take what rank 0's released stream sent it for a
+// reduction.
+TEST(CopyEngineReductions, AStalledPeerTimesOutTheStreamDrainsAndThePeerLearnsOfIt) {
   expect_all_succeeded(run_ranks(2, [](int rank) {
     auto pg = init_copy_engine(std::chrono::seconds(2));
     auto& comm = pg->communicator();
+    const auto options = at::TensorOptions().device(pg->device());
     check_all_reduce(comm, at::kFloat, 1 << 20, ddp::ReduceOp::kSum);
+    const auto start = Clock::now();
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::seconds(7));  // stuck between collectives
+      std::this_thread::sleep_for(std::chrono::seconds(5));  // stuck until rank 0 gave up
+      at::Tensor large = at::ones({1 << 20}, options);
+      require_contains(collective_error_of([&] { comm.all_reduce(large)->wait(); }),
+                       "rank(s) 0 abandoned their copy-engine reductions");
       return;
     }
-    at::Tensor tensor = at::ones({1 << 20}, at::TensorOptions().device(pg->device()));
-    auto work = comm.all_reduce(tensor);
-    work->wait_stream();  // the device waits for the peer's signal
-    const auto start = Clock::now();
-    const std::string message = collective_error_of([&] { work->wait(); });
+    at::Tensor small = at::ones({10}, options);
+    at::Tensor large = at::ones({1 << 20}, options);
+    auto nccl_work = comm.all_reduce(small);
+    auto copy_engine_work = comm.all_reduce(large);  // behind it on the communicator's stream
+    copy_engine_work->wait_stream();                 // the device waits, the host does not
+    const std::string message = collective_error_of([&] { nccl_work->wait(); });
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     require(seconds < 5, "timeout after " + std::to_string(seconds) + " s, expected ~2 s");
     require_contains(message, "all_reduce #2");
     require_contains(message, "timed out after 2000 ms on rank 0 of 2");
-    // The failure released the device's waits: the stream drains.
-    (void)tensor.sum().item<float>();
+    require_contains(collective_error_of([&] { copy_engine_work->wait(); }), "all_reduce #3");
+    // NCCL's abort and the raised flags let both end: the stream drains.
+    (void)large.sum().item<float>();
+    std::this_thread::sleep_until(start + std::chrono::seconds(8));  // rank 1 still maps this rank's staging area
   }));
 }
 
