@@ -3,7 +3,6 @@
 #include "comm/copy_engine_reduction.h"
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 #include <ATen/core/Tensor.h>
@@ -15,6 +14,7 @@
 #include <ddp/errors.h>
 
 #include "comm/copy_engine_kernels.h"
+#include "comm/store_record.h"
 #include "cuda/cuda_check.h"
 
 namespace ddp::detail {
@@ -103,33 +103,22 @@ struct Announcement {
   int device_index;
 };
 
+/// Rank `rank`'s record `key`/`rank`, once it is there (bounded by `timeout`).
 template <typename T>
-std::vector<std::uint8_t> bytes_of(const T& value) {
-  const auto* first = reinterpret_cast<const std::uint8_t*>(&value);
-  return {first, first + sizeof(T)};
-}
-
-template <typename T>
-T from_bytes(const std::vector<std::uint8_t>& bytes, const std::string& key) {
-  if (bytes.size() != sizeof(T)) {
-    throw Error(fmt::format("libddp: malformed record '{}' in the store ({} bytes instead of {})", key, bytes.size(),
-                            sizeof(T)));
-  }
-  T value;
-  std::memcpy(&value, bytes.data(), sizeof(T));
-  return value;
+T read_record(c10d::Store& store, const std::string& key, int rank, std::chrono::milliseconds timeout) {
+  const std::string rank_key = fmt::format("{}/{}", key, rank);
+  store.wait({rank_key}, timeout);
+  return from_store_record<T>(store.get(rank_key), fmt::format("malformed record '{}' in the store", rank_key));
 }
 
 /// Every rank says whether `ok` holds for it; returns the ranks where it did
 /// not (" 1 3"), the same string on every rank.
 std::string ranks_failing(c10d::Store& store, const std::string& key, int rank, int world_size, bool ok,
                           std::chrono::milliseconds timeout) {
-  store.set(fmt::format("{}/{}", key, rank), bytes_of(static_cast<int>(ok)));
+  store.set(fmt::format("{}/{}", key, rank), store_record(static_cast<int>(ok)));
   std::string failing;
   for (int peer = 0; peer < world_size; ++peer) {
-    const std::string peer_key = fmt::format("{}/{}", key, peer);
-    store.wait({peer_key}, timeout);
-    if (!from_bytes<int>(store.get(peer_key), peer_key)) failing += fmt::format(" {}", peer);
+    if (!read_record<int>(store, key, peer, timeout)) failing += fmt::format(" {}", peer);
   }
   return failing;
 }
@@ -173,14 +162,12 @@ void CopyEngineReduction::set_up(c10d::Store& store, const std::string& key, std
   Announcement mine{};
   DDP_CUDA_CHECK(cudaIpcGetMemHandle(&mine.handle, bases_[rank_]));
   mine.device_index = device_index_;
-  store.set(fmt::format("{}/area/{}", key, rank_), bytes_of(mine));
+  store.set(fmt::format("{}/area/{}", key, rank_), store_record(mine));
   std::vector<Announcement> peers(world_size_);
   std::string unreachable;
   for (int peer = 0; peer < world_size_; ++peer) {
     if (peer == rank_) continue;
-    const std::string peer_key = fmt::format("{}/area/{}", key, peer);
-    store.wait({peer_key}, timeout);
-    peers[peer] = from_bytes<Announcement>(store.get(peer_key), peer_key);
+    peers[peer] = read_record<Announcement>(store, key + "/area", peer, timeout);
     int can_access = 0;
     DDP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can_access, device_index_, peers[peer].device_index));
     if (!can_access || peers[peer].device_index == device_index_) {

@@ -16,7 +16,6 @@
 //    host thread is stuck inside an NCCL call past its deadline.
 
 #include <condition_variable>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -37,6 +36,7 @@
 #include "comm/copy_engine_reduction.h"
 #endif
 #include "comm/nccl_check.h"
+#include "comm/store_record.h"
 #include "compat/torch_compat.h"
 #include "cuda/cuda_check.h"
 #include "cuda/stream_capture.h"
@@ -286,19 +286,13 @@ class NcclCommunicator final : public CommunicatorBase {
   }
 
   ncclUniqueId exchange_unique_id(c10d::Store& store, const std::string& key) {
-    ncclUniqueId id;
-    if (rank() == 0) {
-      DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
-      const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-      store.set(key, std::vector<uint8_t>(bytes, bytes + sizeof(id)));
-    } else {
-      const std::vector<uint8_t> bytes = store.get(key);
-      if (bytes.size() != sizeof(id)) {
-        throw Error(fmt::format("libddp: rank {} read a malformed NCCL id from the store ({} bytes instead of {})",
-                                rank(), bytes.size(), sizeof(id)));
-      }
-      std::memcpy(&id, bytes.data(), sizeof(id));
+    if (rank() != 0) {
+      return from_store_record<ncclUniqueId>(store.get(key),
+                                             fmt::format("rank {} read a malformed NCCL id from the store", rank()));
     }
+    ncclUniqueId id;
+    DDP_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+    store.set(key, store_record(id));
     return id;
   }
 

@@ -25,8 +25,11 @@ namespace {
 
 using namespace ddp::testing;
 
-std::shared_ptr<ddp::ProcessGroup> init_nccl() {
-  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
+std::shared_ptr<ddp::ProcessGroup> init_nccl(bool copy_engine_reductions = false) {
+  return ddp::init(ddp::InitOptions()
+                       .backend(ddp::Backend::kNccl)
+                       .timeout(std::chrono::seconds(60))
+                       .copy_engine_reductions(copy_engine_reductions));
 }
 
 TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
@@ -46,8 +49,7 @@ TEST(DdpNccl, MlpAndConvNetMatchSingleProcess) {
 // without no_sync.
 TEST(DdpNccl, CopyEngineReductionsMatchSingleProcess) {
   expect_all_succeeded(run_ranks(2, [](int) {
-    auto pg = ddp::init(
-        ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)).copy_engine_reductions(true));
+    auto pg = init_nccl(/*copy_engine_reductions=*/true);
     Scenario wide;
     wide.width = 1 << 15;  // a 2 MiB trunk and a 512 KiB head
     wide.tolerance = 1e-4;
@@ -334,10 +336,7 @@ TEST(DdpNccl, AHookWhoseFinishUsesItsCommunicatorWorksUnderTheTimeline) {
 void expect_captured_matches_eager_on_two_gpus(const ddp::testing::CapturedScenario& scenario, const char* name,
                                                bool copy_engine_reductions = false) {
   expect_all_succeeded(run_ranks(2, [&](int rank) {
-    auto pg = ddp::init(ddp::InitOptions()
-                            .backend(ddp::Backend::kNccl)
-                            .timeout(std::chrono::seconds(60))
-                            .copy_engine_reductions(copy_engine_reductions));
+    auto pg = init_nccl(copy_engine_reductions);
     const auto result = ddp::testing::check_captured_step_matches_eager(pg, scenario);
     if (rank == 0) {
       std::printf("captured vs eager, 2 GPUs, %s: largest difference %.3g, scales %g / %g\n", name, result.difference,

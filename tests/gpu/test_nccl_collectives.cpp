@@ -24,8 +24,10 @@ namespace {
 using namespace ddp::testing;
 using Clock = std::chrono::steady_clock;
 
-std::shared_ptr<ddp::ProcessGroup> init_nccl(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(timeout));
+std::shared_ptr<ddp::ProcessGroup> init_nccl(std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                                             bool copy_engine_reductions = false) {
+  return ddp::init(
+      ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(timeout).copy_engine_reductions(copy_engine_reductions));
 }
 
 TEST(NcclCollectives, AllReduceSumAvgMax) {
@@ -156,10 +158,6 @@ TEST(NcclFailures, FirstCollectiveWithAnAbsentPeerNeverHangs) {
   EXPECT_LT(rank0.seconds, 9.0) << "rank 0 took as long as its sleeping peer: nothing bounded the wait";
 }
 
-std::shared_ptr<ddp::ProcessGroup> init_copy_engine(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  return ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(timeout).copy_engine_reductions(true));
-}
-
 /// The all-reduces NCCL itself ran in this process so far, from its log of
 /// collectives (NCCL_DEBUG_SUBSYS=COLL into the file RunOptions below names).
 int all_reduces_nccl_logged() {
@@ -183,7 +181,7 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
   expect_all_succeeded(run_ranks(
       2,
       [](int rank) {
-        auto pg = init_copy_engine();
+        auto pg = init_nccl(std::chrono::seconds(60), /*copy_engine_reductions=*/true);
         auto& comm = pg->communicator();
         const int logged_before = all_reduces_nccl_logged();
         int small = 0;
@@ -232,7 +230,7 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
 // reduction.
 TEST(CopyEngineReductions, AStalledPeerTimesOutTheStreamDrainsAndThePeerLearnsOfIt) {
   expect_all_succeeded(run_ranks(2, [](int rank) {
-    auto pg = init_copy_engine(std::chrono::seconds(2));
+    auto pg = init_nccl(std::chrono::seconds(2), /*copy_engine_reductions=*/true);
     auto& comm = pg->communicator();
     const auto options = at::TensorOptions().device(pg->device());
     check_all_reduce(comm, at::kFloat, 1 << 20, ddp::ReduceOp::kSum);
