@@ -232,10 +232,14 @@ void CopyEngineReduction::free_resources(bool staging_area_too) noexcept {
   if (peers_failed_ != nullptr) (void)cudaFreeHost(peers_failed_);
 }
 
-bool CopyEngineReduction::carries(const at::Tensor& tensor) {
+bool CopyEngineReduction::reduces(const at::Tensor& tensor) {
   const at::ScalarType dtype = tensor.scalar_type();
   if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf) return false;
   return tensor.numel() * static_cast<std::int64_t>(tensor.element_size()) >= kMinBytes;
+}
+
+bool CopyEngineReduction::gathers(const at::Tensor& output) {
+  return output.numel() * static_cast<std::int64_t>(output.element_size()) >= kMinBytes;
 }
 
 std::uint32_t* CopyEngineReduction::flag(int owner, Flag kind, int writer) const {
@@ -252,66 +256,113 @@ std::uint32_t* CopyEngineReduction::failure_word(int owner, int writer) const {
   return reinterpret_cast<std::uint32_t*>(bases_[owner]) + kFlagKinds * world_size_ + writer;
 }
 
+std::vector<int> CopyEngineReduction::peers() const {
+  // Starting after this rank, so that no GPU receives from everyone at once.
+  std::vector<int> order;
+  for (int step = 1; step < world_size_; ++step) order.push_back((rank_ + step) % world_size_);
+  return order;
+}
+
 void CopyEngineReduction::all_reduce(const at::Tensor& tensor, ReduceOp op, cudaStream_t stream) {
   const std::int64_t element_size = tensor.element_size();
   const std::int64_t piece = world_size_ * (kSlotBytes / element_size);
+  const std::int64_t align = kChunkAlignBytes / element_size;
   char* data = static_cast<char*>(tensor.data_ptr());
   for (std::int64_t offset = 0; offset < tensor.numel(); offset += piece) {
-    reduce_piece(data + offset * element_size, std::min(piece, tensor.numel() - offset), element_size, op,
-                 chunk_dtype(tensor.scalar_type()), stream);
+    // Each rank owns a chunk of the piece, 256-byte aligned, at most a slot
+    // (slots hold a multiple of `align`); the last ones may be short or empty.
+    const std::int64_t numel = std::min(piece, tensor.numel() - offset);
+    const std::int64_t chunk = ((numel + world_size_ - 1) / world_size_ + align - 1) / align * align;
+    Parts parts(world_size_);
+    for (int owner = 0; owner < world_size_; ++owner) {
+      const std::int64_t begin = std::min(offset + owner * chunk, offset + numel);
+      parts[owner] = {data + begin * element_size, (std::min(begin + chunk, offset + numel) - begin) * element_size};
+    }
+    push_parts(parts, stream);
+    reduce_own_part(parts[rank_].first, parts[rank_].first, /*share=*/true, parts[rank_].second / element_size,
+                    chunk_dtype(tensor.scalar_type()), op, stream);
+    pull_parts(parts, stream);
   }
 }
 
-void CopyEngineReduction::reduce_piece(char* data, std::int64_t numel, std::int64_t element_size, ReduceOp op,
-                                       ChunkDtype dtype, cudaStream_t stream) {
-  const std::int64_t align = kChunkAlignBytes / element_size;
-  const std::int64_t chunk = (numel + world_size_ - 1) / world_size_ + align - 1;
-  const std::int64_t chunk_numel = chunk / align * align;  // <= a slot: slots hold a multiple of `align`
-  auto begin = [&](int owner) { return std::min<std::int64_t>(owner * chunk_numel, numel); };
-  auto bytes = [&](int owner) { return (std::min(begin(owner) + chunk_numel, numel) - begin(owner)) * element_size; };
-  auto peers = [&] {  // starting after this rank, so that no GPU receives from everyone at once
-    std::vector<int> order;
-    for (int step = 1; step < world_size_; ++step) order.push_back((rank_ + step) % world_size_);
-    return order;
-  }();
+void CopyEngineReduction::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                         cudaStream_t stream) {
+  const std::int64_t element_size = input.element_size();
+  const std::int64_t numel = output.numel();
+  const std::int64_t piece = kSlotBytes / element_size;
+  char* in = static_cast<char*>(input.data_ptr());
+  char* out = static_cast<char*>(output.data_ptr());
+  for (std::int64_t offset = 0; offset < numel; offset += piece) {
+    const std::int64_t length = std::min(piece, numel - offset);
+    Parts parts(world_size_);
+    for (int owner = 0; owner < world_size_; ++owner) {
+      parts[owner] = {in + (owner * numel + offset) * element_size, length * element_size};
+    }
+    push_parts(parts, stream);
+    reduce_own_part(parts[rank_].first, out + offset * element_size, /*share=*/false, length,
+                    chunk_dtype(input.scalar_type()), op, stream);
+  }
+}
 
-  // Reduce-scatter: each peer's chunk into its slot for us, once it has
-  // consumed our previous one.
-  for (const int peer : peers) {
-    take(stream, flag(rank_, kPushConsumed, peer));
-    if (bytes(peer) > 0) {
-      DDP_CUDA_CHECK(cudaMemcpyAsync(slot(peer, rank_), data + begin(peer) * element_size, bytes(peer),
-                                     cudaMemcpyDeviceToDevice, stream));
+void CopyEngineReduction::all_gather(const at::Tensor& output, const at::Tensor& input, cudaStream_t stream) {
+  const std::int64_t bytes = input.numel() * static_cast<std::int64_t>(input.element_size());
+  char* in = static_cast<char*>(input.data_ptr());
+  char* out = static_cast<char*>(output.data_ptr());
+  for (std::int64_t offset = 0; offset < bytes; offset += kSlotBytes) {
+    const std::int64_t length = std::min(kSlotBytes, bytes - offset);
+    for (const int peer : peers()) take(stream, flag(rank_, kResultPulled, peer));  // our result area is free
+    DDP_CUDA_CHECK(cudaMemcpyAsync(result(rank_), in + offset, length, cudaMemcpyDeviceToDevice, stream));
+    for (const int peer : peers()) raise(stream, flag(peer, kReduced, rank_));
+    Parts parts(world_size_);
+    for (int owner = 0; owner < world_size_; ++owner) parts[owner] = {out + owner * bytes + offset, length};
+    pull_parts(parts, stream);
+    if (parts[rank_].first != in + offset) {  // not in place
+      DDP_CUDA_CHECK(cudaMemcpyAsync(parts[rank_].first, in + offset, length, cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+}
+
+void CopyEngineReduction::push_parts(const Parts& parts, cudaStream_t stream) {
+  for (const int peer : peers()) {
+    take(stream, flag(rank_, kPushConsumed, peer));  // the peer has reduced our previous push
+    if (parts[peer].second > 0) {
+      DDP_CUDA_CHECK(
+          cudaMemcpyAsync(slot(peer, rank_), parts[peer].first, parts[peer].second, cudaMemcpyDeviceToDevice, stream));
     }
     raise(stream, flag(peer, kPushed, rank_));
   }
-  for (const int peer : peers) {
+}
+
+void CopyEngineReduction::reduce_own_part(const char* own, char* output, bool share, std::int64_t numel,
+                                          ChunkDtype dtype, ReduceOp op, cudaStream_t stream) {
+  for (const int peer : peers()) {
     take(stream, flag(rank_, kPushed, peer));
-    take(stream, flag(rank_, kResultPulled, peer));  // our result area is free again
+    if (share) take(stream, flag(rank_, kResultPulled, peer));  // our result area is free again
   }
   ChunkReduction reduction;
-  char* own = data + begin(rank_) * element_size;
   for (int source = 0; source < world_size_; ++source) {
     reduction.sources[source] = source == rank_ ? own : slot(rank_, source);
   }
   reduction.source_count = world_size_;
-  reduction.outputs[0] = own;
-  reduction.outputs[1] = result(rank_);
-  reduction.numel = bytes(rank_) / element_size;
+  reduction.outputs[0] = output;
+  reduction.outputs[1] = share ? result(rank_) : nullptr;
+  reduction.numel = numel;
   reduction.dtype = dtype;
   reduction.op = op == ReduceOp::kMax ? ChunkOp::kMax : ChunkOp::kSum;
   reduction.scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world_size_) : 1.0f;
   reduce_chunk(reduction, stream);
-  for (const int peer : peers) {
+  for (const int peer : peers()) {
     raise(stream, flag(peer, kPushConsumed, rank_));
-    raise(stream, flag(peer, kReduced, rank_));
+    if (share) raise(stream, flag(peer, kReduced, rank_));
   }
-  // All-gather: each peer's result into our tensor.
-  for (const int peer : peers) {
+}
+
+void CopyEngineReduction::pull_parts(const Parts& parts, cudaStream_t stream) {
+  for (const int peer : peers()) {
     take(stream, flag(rank_, kReduced, peer));
-    if (bytes(peer) > 0) {
-      DDP_CUDA_CHECK(cudaMemcpyAsync(data + begin(peer) * element_size, result(peer), bytes(peer),
-                                     cudaMemcpyDeviceToDevice, stream));
+    if (parts[peer].second > 0) {
+      DDP_CUDA_CHECK(
+          cudaMemcpyAsync(parts[peer].first, result(peer), parts[peer].second, cudaMemcpyDeviceToDevice, stream));
     }
     raise(stream, flag(peer, kResultPulled, rank_));
   }

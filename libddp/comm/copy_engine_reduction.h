@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -43,8 +44,9 @@ namespace ddp::detail {
 /// every flag as it found it, so the same operations recorded into a CUDA
 /// graph work at every replay.
 ///
-/// Every rank must issue the same all-reduces in the same order (as with
-/// NCCL), and all of them on one stream.
+/// reduce_scatter() is the first half alone, all_gather() the second with a
+/// rank's input as its result. Every rank must issue the same collectives in
+/// the same order (as with NCCL), and all of them on one stream.
 class CopyEngineReduction {
  public:
   /// Sets up the staging areas of all `world_size` ranks, which must be on one
@@ -59,14 +61,26 @@ class CopyEngineReduction {
   CopyEngineReduction(const CopyEngineReduction&) = delete;
   CopyEngineReduction& operator=(const CopyEngineReduction&) = delete;
 
-  /// Whether all_reduce() takes this tensor: fp32, bf16 or fp16 (any
+  /// Whether all_reduce() and reduce_scatter() take this tensor (the
+  /// all-reduced one, or reduce_scatter's input): fp32, bf16 or fp16 (any
   /// ReduceOp) and at least kMinBytes (NCCL's latency wins below). The same
   /// answer on every rank for the same call.
-  static bool carries(const at::Tensor& tensor);
+  static bool reduces(const at::Tensor& tensor);
+  /// Whether all_gather() takes this output: any dtype (it only copies), at
+  /// least kMinBytes.
+  static bool gathers(const at::Tensor& output);
 
   /// Queues the all-reduce of `tensor` (contiguous, on this rank's GPU) in
   /// place on `stream`.
   void all_reduce(const at::Tensor& tensor, ReduceOp op, cudaStream_t stream);
+  /// Communicator::reduce_scatter's contract: this rank's part of the
+  /// reduction of every rank's `input` into `output` (which may be that part
+  /// of `input`). Only the push and one reduction of a part: no SM work
+  /// beyond it, half an all-reduce's traffic.
+  void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op, cudaStream_t stream);
+  /// Communicator::all_gather's contract (in place when `input` is this
+  /// rank's part of `output`): copies only, no kernel at all.
+  void all_gather(const at::Tensor& output, const at::Tensor& input, cudaStream_t stream);
 
   /// Queues on `stream` a wait until every peer is done with this rank's
   /// staging area (the last piece's copies in and out of it). The caller
@@ -103,8 +117,18 @@ class CopyEngineReduction {
 
   void set_up(c10d::Store& store, const std::string& key, std::chrono::milliseconds timeout);
   void free_resources(bool staging_area_too) noexcept;
-  void reduce_piece(char* data, std::int64_t numel, std::int64_t element_size, ReduceOp op, ChunkDtype dtype,
-                    cudaStream_t stream);
+  /// Where each rank's part of one piece lies in a local buffer: address, bytes.
+  using Parts = std::vector<std::pair<char*, std::int64_t>>;
+  /// The other ranks, starting after this one.
+  std::vector<int> peers() const;
+  /// Each peer's part into its slot for us, once it has reduced our previous push.
+  void push_parts(const Parts& parts, cudaStream_t stream);
+  /// Our part reduced with the copies the peers pushed, into `output`; with
+  /// `share`, also into our result area for the peers to pull (pull_parts).
+  void reduce_own_part(const char* own, char* output, bool share, std::int64_t numel, ChunkDtype dtype, ReduceOp op,
+                       cudaStream_t stream);
+  /// Each peer's result area into its part of `parts`.
+  void pull_parts(const Parts& parts, cudaStream_t stream);
 
   const int rank_;
   const int world_size_;

@@ -142,16 +142,9 @@ class NcclCommunicator final : public CommunicatorBase {
  protected:
   std::unique_ptr<BackendOp> launch_all_reduce(const at::Tensor& tensor, ReduceOp op) override {
 #ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
-    if (copy_engine_ && CopyEngineReduction::carries(tensor)) {
-      auto reduction = launch({tensor}, "copy-engine all-reduce", [&](cudaStream_t stream) {
-        copy_engine_->all_reduce(tensor, op, stream);
-        return ncclSuccess;
-      });
-      reduction->check_peers = [weak = std::weak_ptr<CopyEngineReduction>(copy_engine_)] {
-        const auto copy_engine = weak.lock();  // a Work may outlive its communicator
-        return copy_engine ? copy_engine->failed_peers() : std::string();
-      };
-      return reduction;
+    if (copy_engine_ && CopyEngineReduction::reduces(tensor)) {
+      return launch_on_copy_engines({tensor},
+                                    [&](cudaStream_t stream) { copy_engine_->all_reduce(tensor, op, stream); });
     }
 #endif
     return launch({tensor}, "ncclAllReduce", [&](cudaStream_t stream) {
@@ -168,6 +161,12 @@ class NcclCommunicator final : public CommunicatorBase {
   }
 
   std::unique_ptr<BackendOp> launch_all_gather(const at::Tensor& output, const at::Tensor& input) override {
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    if (copy_engine_ && CopyEngineReduction::gathers(output)) {
+      return launch_on_copy_engines({output, input},
+                                    [&](cudaStream_t stream) { copy_engine_->all_gather(output, input, stream); });
+    }
+#endif
     return launch({output, input}, "ncclAllGather", [&](cudaStream_t stream) {
       return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), to_nccl(input.scalar_type()), comm_,
                            stream);
@@ -176,6 +175,12 @@ class NcclCommunicator final : public CommunicatorBase {
 
   std::unique_ptr<BackendOp> launch_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                                    ReduceOp op) override {
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+    if (copy_engine_ && CopyEngineReduction::reduces(input)) {
+      return launch_on_copy_engines(
+          {output, input}, [&](cudaStream_t stream) { copy_engine_->reduce_scatter(output, input, op, stream); });
+    }
+#endif
     return launch({output, input}, "ncclReduceScatter", [&](cudaStream_t stream) {
       return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), to_nccl(input.scalar_type()),
                                to_nccl(op), comm_, stream);
@@ -242,6 +247,23 @@ class NcclCommunicator final : public CommunicatorBase {
     op->done.record(stream_);
     return op;
   }
+
+#ifdef DDP_WITH_COPY_ENGINE_REDUCTIONS
+  /// A collective the copy engines carry: launched as NCCL's are, and checked
+  /// at completion for a peer that gave up and sent what it had.
+  template <typename Queue>
+  std::unique_ptr<BackendOp> launch_on_copy_engines(std::initializer_list<at::Tensor> tensors, Queue&& queue) {
+    auto op = launch(tensors, "copy-engine collective", [&](cudaStream_t stream) {
+      queue(stream);
+      return ncclSuccess;
+    });
+    op->check_peers = [weak = std::weak_ptr<CopyEngineReduction>(copy_engine_)] {
+      const auto copy_engine = weak.lock();  // a Work may outlive its communicator
+      return copy_engine ? copy_engine->failed_peers() : std::string();
+    };
+    return op;
+  }
+#endif
 
   /// ncclCommInitRank blocks until every rank has joined; it runs on a helper
   /// thread so that a rank that never joins costs a bounded wait and an error,

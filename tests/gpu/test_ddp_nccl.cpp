@@ -59,6 +59,23 @@ TEST(DdpNccl, CopyEngineReductionsMatchSingleProcess) {
   }));
 }
 
+// The sharded modes' reduce-scatters and all-gathers on the copy engines
+// (megabyte buckets and units), against plain DDP and one process.
+TEST(DdpNccl, ShardedModesOnTheCopyEnginesMatchPlainDdpAndOneProcess) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = ddp::init(
+        ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)).copy_engine_reductions(true));
+    for (ddp::Sharding sharding : {ddp::Sharding::kOptimizer, ddp::Sharding::kGradients, ddp::Sharding::kFull}) {
+      ShardingScenario scenario;
+      scenario.sharding = sharding;
+      scenario.fused_optimizer = true;
+      scenario.width = 32769;               // a 2 MiB trunk, a 512 KiB head, counts divisible by no world size
+      scenario.reference_tolerance = 1e-3;  // as over NCCL, below
+      check_sharded_matches(*pg, scenario);
+    }
+  }));
+}
+
 // ZeRO-1 and ZeRO-2 over NCCL's reduce-scatter and in-place all-gather, with
 // the fused AdamW kernel on the shards: the Gloo suite's equivalences.
 TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {

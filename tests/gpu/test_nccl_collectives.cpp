@@ -158,12 +158,16 @@ TEST(NcclFailures, FirstCollectiveWithAnAbsentPeerNeverHangs) {
   EXPECT_LT(rank0.seconds, 9.0) << "rank 0 took as long as its sleeping peer: nothing bounded the wait";
 }
 
-/// The all-reduces NCCL itself ran in this process so far, from its log of
+/// The all-reduces, reduce-scatters and all-gathers NCCL itself ran in this process so far, from its log of
 /// collectives (NCCL_DEBUG_SUBSYS=COLL into the file RunOptions below names).
-int all_reduces_nccl_logged() {
+int collectives_nccl_logged() {
   std::ifstream log("/tmp/ddp-copy-engine-test." + std::to_string(::getpid()) + ".log");
   int count = 0;
-  for (std::string line; std::getline(log, line);) count += line.find("AllReduce: opCount") != std::string::npos;
+  for (std::string line; std::getline(log, line);) {
+    for (const char* name : {"AllReduce: opCount", "ReduceScatter: opCount", "AllGather: opCount"}) {
+      count += line.find(name) != std::string::npos;
+    }
+  }
   return count;
 }
 
@@ -175,15 +179,15 @@ RunOptions nccl_logging_collectives() {
 }
 
 // Every float dtype and op, one piece and several, a tensor off the 16-byte
-// alignment of the vectorised kernel, several in flight; and NCCL's own log
-// shows that only the small all-reduces reached it.
-TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
+// alignment of the vectorised kernel, several in flight, reduce-scatters and
+// all-gathers; and NCCL's own log shows that only the small ones reached it.
+TEST(CopyEngineReductions, CollectivesMatchAndOnlyTheSmallOnesReachNccl) {
   expect_all_succeeded(run_ranks(
       2,
       [](int rank) {
         auto pg = init_nccl(std::chrono::seconds(60), /*copy_engine_reductions=*/true);
         auto& comm = pg->communicator();
-        const int logged_before = all_reduces_nccl_logged();
+        const int logged_before = collectives_nccl_logged();
         int small = 0;
         for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
           // 8,388,609 fp32: a second piece of one element, whose chunk on rank 1 is empty;
@@ -195,6 +199,16 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
             }
           }
         }
+        // reduce_scatter (out of place and in place) and all_gather: two ranks'
+        // input or output of 8 KB (NCCL), 8 MiB (one piece) and 72 MB (several).
+        for (auto dtype : {at::kFloat, at::kBFloat16}) {
+          for (std::int64_t numel : {1000, 1 << 20, 9'000'007}) {
+            check_reduce_scatter(comm, dtype, numel, ddp::ReduceOp::kAvg);
+            check_all_gather(comm, dtype, numel);
+            small += 2 * numel * static_cast<std::int64_t>(c10::elementSize(dtype)) < (512 << 10) ? 3 : 0;
+          }
+        }
+        check_all_gather_in_place(comm, 1 << 20);
         const auto options = at::TensorOptions().device(pg->device());
         at::Tensor storage = at::zeros({(1 << 20) + 2}, options);
         at::Tensor misaligned = storage.narrow(0, 1, 1 << 20);  // 4 bytes past the allocation's start
@@ -217,8 +231,8 @@ TEST(CopyEngineReductions, AllReducesMatchAndOnlyTheSmallOnesReachNccl) {
           require(tensors[static_cast<size_t>(i)].eq(expected).all().item<bool>(),
                   "in-flight all_reduce " + std::to_string(i) + " is wrong");
         }
-        const int logged = all_reduces_nccl_logged() - logged_before;
-        require(logged == small, "NCCL ran " + std::to_string(logged) + " all-reduces, expected only the " +
+        const int logged = collectives_nccl_logged() - logged_before;
+        require(logged == small, "NCCL ran " + std::to_string(logged) + " collectives, expected only the " +
                                      std::to_string(small) + " below 512 KiB");
       },
       nccl_logging_collectives()));
