@@ -209,6 +209,10 @@ TEST(CopyEngineReductions, CollectivesMatchAndOnlyTheSmallOnesReachNccl) {
           }
         }
         check_all_gather_in_place(comm, 1 << 20);
+        check_reduce_scatter(comm, at::kFloat, 1 << 20, ddp::ReduceOp::kSum);
+        check_reduce_scatter(comm, at::kFloat, 1 << 20, ddp::ReduceOp::kMax);
+        check_all_gather(comm, at::kByte, 600'001);  // bytes only: a length no multiple of 4
+        check_all_gather(comm, at::kLong, 100'000);
         const auto options = at::TensorOptions().device(pg->device());
         at::Tensor storage = at::zeros({(1 << 20) + 2}, options);
         at::Tensor misaligned = storage.narrow(0, 1, 1 << 20);  // 4 bytes past the allocation's start
