@@ -24,10 +24,12 @@ struct InitOptions {
   /// How long rank 0 waits for the others to connect, and they for rank 0.
   /// Unset: DDP_RDZV_TIMEOUT seconds (ddprun --rdzv-timeout sets it), else 5 minutes.
   TORCH_ARG(std::optional<std::chrono::milliseconds>, rendezvous_timeout) = std::nullopt;
-  /// NCCL on one node: all-reduces of at least 512 KiB of fp32, bf16 or fp16
-  /// (DDP's gradient buckets) move between the GPUs on the copy engines, with
-  /// a short kernel adding what arrived, instead of NCCL's kernels, which
-  /// occupy SMs the backward pass computes on for the whole reduction. Needs
+  /// NCCL on one node: all-reduces and reduce-scatters of at least 512 KiB of
+  /// fp32, bf16 or fp16 (DDP's gradient buckets, the sharded modes' gradient
+  /// shards) move between the GPUs on the copy engines, with a short kernel
+  /// adding what arrived, and all-gathers of at least 512 KiB (the sharded
+  /// modes' parameters) are copies alone, instead of NCCL's kernels, which
+  /// occupy SMs the backward pass computes on for the whole collective. Needs
   /// every rank on one node and peer access between their GPUs (UsageError
   /// otherwise). Works inside a captured step (ddp::CapturedStep) too. Costs
   /// 16 MiB of GPU memory per rank of the job on each GPU, outside the caching

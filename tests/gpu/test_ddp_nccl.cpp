@@ -6,6 +6,7 @@
 #include <string>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -20,12 +21,14 @@
 #include "support/ddp_scenarios.h"
 #include "support/sharding_scenarios.h"
 #include "support/multiprocess.h"
+#include "support/nccl_collective_log.h"
 
 namespace {
 
 using namespace ddp::testing;
 
-std::shared_ptr<ddp::ProcessGroup> init_nccl(bool copy_engine_reductions = false) {
+/// Copy-engine reductions unset: DDP_COPY_ENGINE_REDUCTIONS=1 runs every test here over them.
+std::shared_ptr<ddp::ProcessGroup> init_nccl(std::optional<bool> copy_engine_reductions = std::nullopt) {
   return ddp::init(ddp::InitOptions()
                        .backend(ddp::Backend::kNccl)
                        .timeout(std::chrono::seconds(60))
@@ -60,20 +63,35 @@ TEST(DdpNccl, CopyEngineReductionsMatchSingleProcess) {
 }
 
 // The sharded modes' reduce-scatters and all-gathers on the copy engines
-// (megabyte buckets and units), against plain DDP and one process.
+// (megabyte buckets and units), against plain DDP and one process. NCCL's
+// log of the same run without them is the control: it must show large
+// collectives, and with them on, none may reach NCCL.
+void check_sharded_modes_on_nccl(bool copy_engine_reductions) {
+  expect_all_succeeded(run_ranks(
+      2,
+      [copy_engine_reductions](int) {
+        auto pg = init_nccl(copy_engine_reductions);
+        for (ddp::Sharding sharding : {ddp::Sharding::kOptimizer, ddp::Sharding::kGradients, ddp::Sharding::kFull}) {
+          ShardingScenario scenario;
+          scenario.sharding = sharding;
+          scenario.fused_optimizer = true;
+          scenario.width = 32769;               // a 2 MiB trunk, a 512 KiB head, counts divisible by no world size
+          scenario.reference_tolerance = 1e-3;  // as over NCCL, below
+          check_sharded_matches(*pg, scenario);
+        }
+        const int large = nccl_logged_collectives().large;
+        if (copy_engine_reductions) {
+          require(large == 0, std::to_string(large) + " collectives of 512 KiB or more reached NCCL");
+        } else {
+          require(large > 0, "the scenario issued no collective of 512 KiB or more: it cannot show the copy engines");
+        }
+      },
+      nccl_logging_collectives()));
+}
+
 TEST(DdpNccl, ShardedModesOnTheCopyEnginesMatchPlainDdpAndOneProcess) {
-  expect_all_succeeded(run_ranks(2, [](int) {
-    auto pg = ddp::init(
-        ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)).copy_engine_reductions(true));
-    for (ddp::Sharding sharding : {ddp::Sharding::kOptimizer, ddp::Sharding::kGradients, ddp::Sharding::kFull}) {
-      ShardingScenario scenario;
-      scenario.sharding = sharding;
-      scenario.fused_optimizer = true;
-      scenario.width = 32769;               // a 2 MiB trunk, a 512 KiB head, counts divisible by no world size
-      scenario.reference_tolerance = 1e-3;  // as over NCCL, below
-      check_sharded_matches(*pg, scenario);
-    }
-  }));
+  check_sharded_modes_on_nccl(/*copy_engine_reductions=*/false);
+  check_sharded_modes_on_nccl(/*copy_engine_reductions=*/true);
 }
 
 // ZeRO-1 and ZeRO-2 over NCCL's reduce-scatter and in-place all-gather, with
@@ -351,7 +369,7 @@ TEST(DdpNccl, AHookWhoseFinishUsesItsCommunicatorWorksUnderTheTimeline) {
 // the capture, the comm stream joining it) and each replay is watched as one
 // collective; the replays must train as the eager steps do.
 void expect_captured_matches_eager_on_two_gpus(const ddp::testing::CapturedScenario& scenario, const char* name,
-                                               bool copy_engine_reductions = false) {
+                                               std::optional<bool> copy_engine_reductions = std::nullopt) {
   expect_all_succeeded(run_ranks(2, [&](int rank) {
     auto pg = init_nccl(copy_engine_reductions);
     const auto result = ddp::testing::check_captured_step_matches_eager(pg, scenario);

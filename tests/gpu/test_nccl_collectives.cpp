@@ -1,11 +1,8 @@
 // Every collective over NCCL on 2 GPUs, stream ordering, and the timeout
 // path. Needs 2 GPUs: exits with 77 (reported by ctest as skipped) otherwise.
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 #include <c10/cuda/CUDAGuard.h>
@@ -18,6 +15,7 @@
 
 #include "support/collective_checks.h"
 #include "support/multiprocess.h"
+#include "support/nccl_collective_log.h"
 
 namespace {
 
@@ -158,26 +156,6 @@ TEST(NcclFailures, FirstCollectiveWithAnAbsentPeerNeverHangs) {
   EXPECT_LT(rank0.seconds, 9.0) << "rank 0 took as long as its sleeping peer: nothing bounded the wait";
 }
 
-/// The all-reduces, reduce-scatters and all-gathers NCCL itself ran in this process so far, from its log of
-/// collectives (NCCL_DEBUG_SUBSYS=COLL into the file RunOptions below names).
-int collectives_nccl_logged() {
-  std::ifstream log("/tmp/ddp-copy-engine-test." + std::to_string(::getpid()) + ".log");
-  int count = 0;
-  for (std::string line; std::getline(log, line);) {
-    for (const char* name : {"AllReduce: opCount", "ReduceScatter: opCount", "AllGather: opCount"}) {
-      count += line.find(name) != std::string::npos;
-    }
-  }
-  return count;
-}
-
-RunOptions nccl_logging_collectives() {
-  RunOptions options;
-  options.env = {
-      {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "COLL"}, {"NCCL_DEBUG_FILE", "/tmp/ddp-copy-engine-test.%p.log"}};
-  return options;
-}
-
 // Every float dtype and op, one piece and several, a tensor off the 16-byte
 // alignment of the vectorised kernel, several in flight, reduce-scatters and
 // all-gathers; and NCCL's own log shows that only the small ones reached it.
@@ -187,7 +165,7 @@ TEST(CopyEngineReductions, CollectivesMatchAndOnlyTheSmallOnesReachNccl) {
       [](int rank) {
         auto pg = init_nccl(std::chrono::seconds(60), /*copy_engine_reductions=*/true);
         auto& comm = pg->communicator();
-        const int logged_before = collectives_nccl_logged();
+        const int logged_before = nccl_logged_collectives().count;
         int small = 0;
         for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
           // 8,388,609 fp32: a second piece of one element, whose chunk on rank 1 is empty;
@@ -235,7 +213,10 @@ TEST(CopyEngineReductions, CollectivesMatchAndOnlyTheSmallOnesReachNccl) {
           require(tensors[static_cast<size_t>(i)].eq(expected).all().item<bool>(),
                   "in-flight all_reduce " + std::to_string(i) + " is wrong");
         }
-        const int logged = collectives_nccl_logged() - logged_before;
+        const NcclLoggedCollectives logged_after = nccl_logged_collectives();
+        require(logged_after.large == 0,
+                std::to_string(logged_after.large) + " collectives of 512 KiB or more reached NCCL");
+        const int logged = logged_after.count - logged_before;
         require(logged == small, "NCCL ran " + std::to_string(logged) + " collectives, expected only the " +
                                      std::to_string(small) + " below 512 KiB");
       },

@@ -1,0 +1,63 @@
+#include "support/nccl_collective_log.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace ddp::testing {
+namespace {
+
+std::string log_path_pattern() { return "/tmp/ddp-nccl-collectives.%p.log"; }
+
+std::string log_path() { return "/tmp/ddp-nccl-collectives." + std::to_string(::getpid()) + ".log"; }
+
+/// Bytes per element of NCCL's datatype codes (ncclInt8 = 0 ... ncclFloat8e5m2 = 11).
+std::int64_t nccl_element_size(int datatype) {
+  constexpr std::int64_t kSizes[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+  return datatype >= 0 && datatype < 12 ? kSizes[datatype] : 0;
+}
+
+/// The number after `key ` in an NCCL log line, or -1.
+std::int64_t field(const std::string& line, const std::string& key) {
+  const auto at = line.find(key);
+  if (at == std::string::npos) return -1;
+  std::istringstream in(line.substr(at + key.size()));
+  std::int64_t value = -1;
+  in >> value;
+  return value;
+}
+
+}  // namespace
+
+RunOptions nccl_logging_collectives() {
+  RunOptions options;
+  options.env = {{"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "COLL"}, {"NCCL_DEBUG_FILE", log_path_pattern()}};
+  return options;
+}
+
+NcclLoggedCollectives nccl_logged_collectives(std::int64_t large_bytes) {
+  NcclLoggedCollectives logged;
+  std::ifstream log(log_path());
+  for (std::string line; std::getline(log, line);) {
+    const bool reduce = line.find("AllReduce: opCount") != std::string::npos;
+    const bool per_rank =  // counts are per rank: the whole is nranks times as big
+        line.find("ReduceScatter: opCount") != std::string::npos ||
+        line.find("AllGather: opCount") != std::string::npos;
+    if (!reduce && !per_rank) continue;
+    ++logged.count;
+    const std::int64_t ranks = per_rank ? field(line, "[nranks=") : 1;
+    const std::int64_t count = field(line, "count ");
+    const std::int64_t element_size = nccl_element_size(static_cast<int>(field(line, "datatype ")));
+    if (count < 0 || element_size == 0 || ranks < 1) {  // a format this parser does not know must not pass as small
+      throw std::runtime_error("cannot read the size of a collective from NCCL's log line: " + line);
+    }
+    const std::int64_t bytes = count * element_size * ranks;
+    logged.large += bytes >= large_bytes;
+  }
+  return logged;
+}
+
+}  // namespace ddp::testing
