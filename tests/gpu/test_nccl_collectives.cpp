@@ -232,6 +232,9 @@ TEST(CopyEngineReductions, AStalledPeerTimesOutTheStreamDrainsAndThePeerLearnsOf
     auto pg = init_nccl(std::chrono::seconds(2), /*copy_engine_reductions=*/true);
     auto& comm = pg->communicator();
     const auto options = at::TensorOptions().device(pg->device());
+    // NCCL connects its peers at their first collective, on the issuing thread: without
+    // one here rank 0 would block inside ncclAllReduce, which ends the process instead.
+    check_all_reduce(comm, at::kFloat, 1000, ddp::ReduceOp::kSum);
     check_all_reduce(comm, at::kFloat, 1 << 20, ddp::ReduceOp::kSum);
     const auto start = Clock::now();
     if (rank == 1) {

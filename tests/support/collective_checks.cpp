@@ -64,7 +64,7 @@ void check_broadcast(Communicator& comm, c10::ScalarType dtype, std::int64_t num
 void check_all_gather(Communicator& comm, c10::ScalarType dtype, std::int64_t numel) {
   const auto options = at::TensorOptions().dtype(dtype).device(comm.device());
   const at::Tensor input = (pattern(numel) + 100 * comm.rank()).to(options);
-  at::Tensor output = at::full({comm.world_size() * numel}, -1.0, options);
+  at::Tensor output = at::full({comm.world_size() * numel}, 255.0, options);  // no rank sends it; bytes hold it
   comm.all_gather(output, input)->wait();
   std::vector<at::Tensor> parts;
   for (int r = 0; r < comm.world_size(); ++r) parts.push_back(pattern(numel) + 100 * r);
