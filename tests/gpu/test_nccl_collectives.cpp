@@ -252,9 +252,9 @@ TEST(CopyEngineReductions, AStalledPeerTimesOutTheStreamDrainsAndThePeerLearnsOf
     const std::string message = collective_error_of([&] { nccl_work->wait(); });
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     require(seconds < 5, "timeout after " + std::to_string(seconds) + " s, expected ~2 s");
-    require_contains(message, "all_reduce #2");
+    require_contains(message, "all_reduce #3");
     require_contains(message, "timed out after 2000 ms on rank 0 of 2");
-    require_contains(collective_error_of([&] { copy_engine_work->wait(); }), "all_reduce #3");
+    require_contains(collective_error_of([&] { copy_engine_work->wait(); }), "all_reduce #4");
     // NCCL's abort and the raised flags let both end: the stream drains.
     (void)large.sum().item<float>();
     std::this_thread::sleep_until(start + std::chrono::seconds(8));  // rank 1 still maps this rank's staging area
