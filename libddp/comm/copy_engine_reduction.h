@@ -28,17 +28,17 @@ namespace ddp::detail {
 /// All-reduce, reduce-scatter and all-gather between the GPUs of one node with
 /// the copy engines instead of NCCL's kernels, for the gradient buckets and
 /// shards that a backward pass reduces while it runs and the parameters the
-/// sharded modes gather ahead of use. NCCL's kernels stay resident on SMs for the whole reduction and
-/// slowed a concurrent GEMM chain by 8.6% on 2 x H100 (NVLink); device-to-peer
-/// copies slowed it by 0.9% (benchmarks/allreduce/compute_interference.py,
-/// 2026-11-27). The SMs here only run a short kernel that adds what arrived.
+/// sharded modes gather ahead of use. NCCL's kernels stay resident on SMs for
+/// the whole reduction and slowed a concurrent GEMM chain by 8.6% on 2 x H100
+/// (NVLink); device-to-peer copies slowed it by 0.9%
+/// (benchmarks/allreduce/compute_interference.py, 2026-11-27). The SMs here
+/// only run a short kernel that adds what arrived.
 ///
 /// Each rank owns a chunk of every piece of the tensor (a reduce-scatter, then
 /// an all-gather), through a staging area every rank maps from every other
 /// (CUDA IPC): it pushes the peers' chunks into their staging slots, adds the
 /// copies of its own chunk that arrived into its tensor and its result area,
-/// and pulls the peers' results into its tensor. A reduce-scatter stops after
-/// the addition (its chunk is the rank's part); an all-gather only copies. Ranks signal each other with
+/// and pulls the peers' results into its tensor. Ranks signal each other with
 /// stream memory operations (cuStreamWriteValue32 / cuStreamWaitValue32 on
 /// flags in the staging areas), which wait on the device, not on the host and
 /// not on an SM. Each flag is raised by one peer and lowered by its owner once
