@@ -125,13 +125,18 @@ void Reducer::build_buckets(const std::vector<std::vector<std::size_t>>& plan) {
 
 bool Reducer::frees_buckets() const { return config_.free_reduced_buckets && comm_.world_size() > 1; }
 
-void Reducer::allocate(Bucket& bucket) const {
+bool Reducer::allocate(Bucket& bucket, bool zeroed) const {
   const at::Tensor& first = parameters_[bucket.parameters.front()];
   // On one rank this rank's shard is the whole bucket: reducing is a no-op
   // (unless the gradients come in a narrower dtype than the shard keeps).
   const bool shard_is_bucket =
       bucket.shard.defined() && comm_.world_size() == 1 && bucket.shard.scalar_type() == first.scalar_type();
-  bucket.buffer = shard_is_bucket ? bucket.shard : at::zeros({bucket.padded_numel}, first.options());
+  if (shard_is_bucket) {
+    bucket.buffer = bucket.shard;
+  } else {
+    bucket.buffer =
+        zeroed ? at::zeros({bucket.padded_numel}, first.options()) : at::empty({bucket.padded_numel}, first.options());
+  }
   bucket.views.clear();
   std::int64_t offset = 0;
   for (std::size_t index : bucket.parameters) {
@@ -141,6 +146,7 @@ void Reducer::allocate(Bucket& bucket) const {
     bucket.views.push_back(alias(bucket.buffer, offset, parameter.sizes(), flat_layout_strides(parameter)));
     offset += parameter.numel();
   }
+  return !shard_is_bucket && !zeroed;
 }
 
 void Reducer::set_sync(bool sync) {
@@ -369,10 +375,27 @@ void Reducer::mark_ready(std::size_t index, bool used) {
   }
 }
 
+void Reducer::zero_all_but(Bucket& bucket, const std::vector<std::size_t>& sorted_slots) {
+  if (bucket.padded_numel > bucket.numel)
+    bucket.buffer.narrow(0, bucket.numel, bucket.padded_numel - bucket.numel).zero_();
+  auto next = sorted_slots.begin();
+  for (std::size_t slot = 0; slot < bucket.views.size(); ++slot) {
+    if (next != sorted_slots.end() && *next == slot) {
+      ++next;
+    } else {
+      bucket.views[slot].zero_();  // a parameter without a gradient on this rank contributes zeros
+    }
+  }
+}
+
 void Reducer::gather_into_bucket(Bucket& bucket) {
   c10::NoGradGuard no_grad;
-  if (bucket.views.empty()) allocate(bucket);
+  // A bucket allocated here (the sharded modes free theirs after each
+  // reduction) is mostly overwritten by the copies below: only the rest is
+  // zeroed, not the whole buffer first (a full extra write of the gradients).
+  const bool uninitialised = bucket.views.empty() && allocate(bucket, /*zeroed=*/false);
   std::sort(bucket.to_copy.begin(), bucket.to_copy.end());  // ready order -> layout order
+  if (uninitialised) zero_all_but(bucket, bucket.to_copy);
   bool one_kernel = bucket.to_copy.size() == bucket.parameters.size();
   std::vector<at::Tensor> flat;
   for (std::size_t slot : bucket.to_copy) {

@@ -127,8 +127,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   };
 
   void build_buckets(const std::vector<std::vector<std::size_t>>& plan);
-  /// Gives `bucket` its buffer (zeros) and the views of it.
-  void allocate(Bucket& bucket) const;
+  /// Gives `bucket` its buffer and the views of it: zeros, or with `zeroed`
+  /// false new memory left as it is. Returns whether the buffer is such
+  /// uninitialised memory (a rank's own shard is reused as it is).
+  bool allocate(Bucket& bucket, bool zeroed = true) const;
+  /// Zeroes what the copies of the gradients in `sorted_slots` will not write: the padding and every other slot.
+  static void zero_all_but(Bucket& bucket, const std::vector<std::size_t>& sorted_slots);
   /// kGradients on several ranks: buckets exist only between their gradients' arrival and their reduction.
   bool frees_buckets() const;
   void hook(std::size_t index, compat::GradAccumulatorPtr accumulator);
