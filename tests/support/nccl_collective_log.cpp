@@ -42,11 +42,11 @@ NcclLoggedCollectives nccl_logged_collectives(std::int64_t large_bytes) {
   NcclLoggedCollectives logged;
   std::ifstream log(log_path());
   for (std::string line; std::getline(log, line);) {
-    const bool reduce = line.find("AllReduce: opCount") != std::string::npos;
-    const bool per_rank =  // counts are per rank: the whole is nranks times as big
-        line.find("ReduceScatter: opCount") != std::string::npos ||
-        line.find("AllGather: opCount") != std::string::npos;
-    if (!reduce && !per_rank) continue;
+    const bool all_reduce = line.find("AllReduce: opCount") != std::string::npos;
+    const bool reduce_scatter = line.find("ReduceScatter: opCount") != std::string::npos;
+    const bool all_gather = line.find("AllGather: opCount") != std::string::npos;
+    if (!all_reduce && !reduce_scatter && !all_gather) continue;
+    const bool per_rank = !all_reduce;  // counts are per rank: the whole is nranks times as big
     ++logged.count;
     const std::int64_t ranks = per_rank ? field(line, "[nranks=") : 1;
     const std::int64_t count = field(line, "count ");
@@ -55,7 +55,10 @@ NcclLoggedCollectives nccl_logged_collectives(std::int64_t large_bytes) {
       throw std::runtime_error("cannot read the size of a collective from NCCL's log line: " + line);
     }
     const std::int64_t bytes = count * element_size * ranks;
-    logged.large += bytes >= large_bytes;
+    if (bytes < large_bytes) continue;
+    ++logged.large;
+    logged.large_reduce_scatters += reduce_scatter;
+    logged.large_all_gathers += all_gather;
   }
   return logged;
 }

@@ -14,10 +14,12 @@ RunOptions nccl_logging_collectives();
 
 /// The all-reduces, reduce-scatters and all-gathers NCCL logged in this process so far:
 /// how many, and how many of them moved at least `large_bytes` in all (a reduce-scatter's
-/// input, an all-gather's output).
+/// input, an all-gather's output), in all and of the sharded modes' two kinds.
 struct NcclLoggedCollectives {
   int count = 0;
   int large = 0;
+  int large_reduce_scatters = 0;
+  int large_all_gathers = 0;
 };
 NcclLoggedCollectives nccl_logged_collectives(std::int64_t large_bytes = 512 << 10);
 
