@@ -127,7 +127,11 @@ std::string ranks_failing(c10d::Store& store, const std::string& key, int rank, 
 
 CopyEngineReduction::CopyEngineReduction(c10d::Store& store, const std::string& key, int rank, int world_size,
                                          int device_index, std::chrono::milliseconds timeout)
-    : rank_(rank), world_size_(world_size), device_index_(device_index), bases_(world_size, nullptr) {
+    : rank_(rank),
+      world_size_(world_size),
+      device_index_(device_index),
+      peers_(peer_order(rank, world_size)),
+      bases_(world_size, nullptr) {
   if (world_size < 2 || world_size > kMaxChunkSources) {
     throw UsageError(
         fmt::format("copy-engine reductions take 2 to {} GPUs of one node, not {}; turn them off "
@@ -256,10 +260,10 @@ std::uint32_t* CopyEngineReduction::failure_word(int owner, int writer) const {
   return reinterpret_cast<std::uint32_t*>(bases_[owner]) + kFlagKinds * world_size_ + writer;
 }
 
-std::vector<int> CopyEngineReduction::peers() const {
+std::vector<int> CopyEngineReduction::peer_order(int rank, int world_size) {
   // Starting after this rank, so that no GPU receives from everyone at once.
   std::vector<int> order;
-  for (int step = 1; step < world_size_; ++step) order.push_back((rank_ + step) % world_size_);
+  for (int step = 1; step < world_size; ++step) order.push_back((rank + step) % world_size);
   return order;
 }
 
@@ -310,9 +314,9 @@ void CopyEngineReduction::all_gather(const at::Tensor& output, const at::Tensor&
   char* out = static_cast<char*>(output.data_ptr());
   for (std::int64_t offset = 0; offset < bytes; offset += kSlotBytes) {
     const std::int64_t length = std::min(kSlotBytes, bytes - offset);
-    for (const int peer : peers()) take(stream, flag(rank_, kResultPulled, peer));  // our result area is free
+    for (const int peer : peers_) take(stream, flag(rank_, kResultPulled, peer));  // our result area is free
     DDP_CUDA_CHECK(cudaMemcpyAsync(result(rank_), in + offset, length, cudaMemcpyDeviceToDevice, stream));
-    for (const int peer : peers()) raise(stream, flag(peer, kReduced, rank_));
+    for (const int peer : peers_) raise(stream, flag(peer, kReduced, rank_));
     Parts parts(world_size_);
     for (int owner = 0; owner < world_size_; ++owner) parts[owner] = {out + owner * bytes + offset, length};
     pull_parts(parts, stream);
@@ -323,7 +327,7 @@ void CopyEngineReduction::all_gather(const at::Tensor& output, const at::Tensor&
 }
 
 void CopyEngineReduction::push_parts(const Parts& parts, cudaStream_t stream) {
-  for (const int peer : peers()) {
+  for (const int peer : peers_) {
     take(stream, flag(rank_, kPushConsumed, peer));  // the peer has reduced our previous push
     if (parts[peer].second > 0) {
       DDP_CUDA_CHECK(
@@ -335,7 +339,7 @@ void CopyEngineReduction::push_parts(const Parts& parts, cudaStream_t stream) {
 
 void CopyEngineReduction::reduce_own_part(const char* own, char* output, bool share, std::int64_t numel,
                                           ChunkDtype dtype, ReduceOp op, cudaStream_t stream) {
-  for (const int peer : peers()) {
+  for (const int peer : peers_) {
     take(stream, flag(rank_, kPushed, peer));
     if (share) take(stream, flag(rank_, kResultPulled, peer));  // our result area is free again
   }
@@ -351,14 +355,14 @@ void CopyEngineReduction::reduce_own_part(const char* own, char* output, bool sh
   reduction.op = op == ReduceOp::kMax ? ChunkOp::kMax : ChunkOp::kSum;
   reduction.scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world_size_) : 1.0f;
   reduce_chunk(reduction, stream);
-  for (const int peer : peers()) {
+  for (const int peer : peers_) {
     raise(stream, flag(peer, kPushConsumed, rank_));
     if (share) raise(stream, flag(peer, kReduced, rank_));
   }
 }
 
 void CopyEngineReduction::pull_parts(const Parts& parts, cudaStream_t stream) {
-  for (const int peer : peers()) {
+  for (const int peer : peers_) {
     take(stream, flag(rank_, kReduced, peer));
     if (parts[peer].second > 0) {
       DDP_CUDA_CHECK(

@@ -121,8 +121,8 @@ class CopyEngineReduction {
   void free_resources(bool staging_area_too) noexcept;
   /// Where each rank's part of one piece lies in a local buffer: address, bytes.
   using Parts = std::vector<std::pair<char*, std::int64_t>>;
-  /// The other ranks, starting after this one.
-  std::vector<int> peers() const;
+  /// The other ranks, starting after `rank`.
+  static std::vector<int> peer_order(int rank, int world_size);
   /// Each peer's part into its slot for us, once it has reduced our previous push.
   void push_parts(const Parts& parts, cudaStream_t stream);
   /// Our part reduced with the copies the peers pushed, into `output`; with
@@ -135,6 +135,7 @@ class CopyEngineReduction {
   const int rank_;
   const int world_size_;
   const int device_index_;
+  const std::vector<int> peers_;  ///< peer_order(): the order every loop over the peers takes.
   std::vector<char*> bases_;  ///< Every rank's staging area, mapped into this process (ours at rank_).
   bool drained_ = false;
   cudaStream_t release_stream_ = nullptr;

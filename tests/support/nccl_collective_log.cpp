@@ -10,9 +10,12 @@
 namespace ddp::testing {
 namespace {
 
-std::string log_path_pattern() { return "/tmp/ddp-nccl-collectives.%p.log"; }
+/// NCCL_DEBUG_FILE's pattern and the file NCCL makes of it for this process (%p: its pid).
+constexpr const char* kLogPrefix = "/tmp/ddp-nccl-collectives.";
 
-std::string log_path() { return "/tmp/ddp-nccl-collectives." + std::to_string(::getpid()) + ".log"; }
+std::string log_path_pattern() { return std::string(kLogPrefix) + "%p.log"; }
+
+std::string log_path() { return kLogPrefix + std::to_string(::getpid()) + ".log"; }
 
 /// Bytes per element of NCCL's datatype codes (ncclInt8 = 0 ... ncclFloat8e5m2 = 11).
 std::int64_t nccl_element_size(int datatype) {
