@@ -28,7 +28,7 @@ step() {  # step NAME COMMAND...: runs, logs to OUT/NAME.log, remembers failure
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$out/gpus.csv" 2>&1
 echo "NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-<unset>} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-<unset>}"
-step configure bash cmake/scripts/configure.sh python build/gpu -DDDP_WARNINGS_AS_ERRORS=ON
+step configure bash cmake/scripts/configure.sh python build/gpu -DDDP_WARNINGS_AS_ERRORS=ON -DDDP_PRECOMPILED_HEADERS=OFF
 step build cmake --build build/gpu -j "$(nproc)"
 step ctest_gpu ctest --test-dir build/gpu -L gpu --output-on-failure --verbose ${CTEST_ARGS:-}  # e.g. CTEST_ARGS="-R Sharding"
 step smoke build/gpu/libddp/ddprun --nproc-per-node gpu --standalone build/gpu/examples/smoke/collectives_smoke
