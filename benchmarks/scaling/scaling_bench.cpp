@@ -355,7 +355,7 @@ int main(int argc, char** argv) try {
       .add("bucket-cap-mb", "25", "DDP bucket size")
       .add("sharding", "none",
            "none | optimizer (ZeRO-1) | gradients (ZeRO-2) | full (ZeRO-3, LLaMA: a unit per block)")
-      .add("param-dtype", "fp32", "--sharding full: fp32 | bf16, the dtype blocks are gathered and computed in")
+      .add("param-dtype", "fp32", "a sharded mode: fp32 | bf16, the dtype blocks are gathered and computed in")
       .add_switch("no-unit-gathers",
                   "--sharding optimizer|gradients: no shard units, so the forward waits for every "
                   "parameter gather before it starts (the A/B of their overlap with the forward)")

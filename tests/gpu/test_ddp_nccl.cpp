@@ -131,10 +131,13 @@ TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
     check_memory_report(*pg);
     check_grad_scaler_agrees(*pg, ddp::Sharding::kFull);
     check_units_gather_one_at_a_time(*pg);
-    UnitGathering bf16;  // FSDP's param_dtype: units in bf16, fp32 masters
+    UnitGathering bf16;  // FSDP's param_dtype (DeepSpeed's bf16 mode in ZeRO-1/2): units in bf16, fp32 masters
     bf16.param_dtype = at::kBFloat16;
     bf16.tolerance = 2e-5;
-    check_units_gather_one_at_a_time(*pg, bf16);
+    for (const auto sharding : {ddp::Sharding::kFull, ddp::Sharding::kGradients, ddp::Sharding::kOptimizer}) {
+      bf16.sharding = sharding;
+      check_units_gather_one_at_a_time(*pg, bf16);
+    }
   }));
 }
 
