@@ -423,6 +423,9 @@ int main(int argc, char** argv) try {
   if (sharding == ddp::Sharding::kFull && model_name != "llama") {
     flags.fail("--sharding full needs a model whose forward runs its units through ddp::in_unit; use --model llama");
   }
+  if (options.param_dtype() && (model_name != "llama" || flags.on("no-unit-gathers"))) {
+    flags.fail("--param-dtype bf16 applies to LLaMA's blocks as units: use --model llama without --no-unit-gathers");
+  }
   if (model_name != "llama") options.shard_units({});  // ResNet's blocks do not run through ddp::in_unit
   if (flags.on("no-unit-gathers")) {
     if (sharding != ddp::Sharding::kOptimizer && sharding != ddp::Sharding::kGradients) {

@@ -292,7 +292,8 @@ class DistributedDataParallel {
 
   /// What the optimizer must step on this rank. Without sharding, the
   /// module's trained parameters. With sharding, this rank's part of each: a
-  /// flat tensor aliasing the part of the parameter in this rank's shard,
+  /// flat tensor aliasing the part of the parameter in this rank's shard (or
+  /// a master of that part, where units are gathered in another dtype),
   /// whose gradient, after a reducing backward, is the average over ranks of
   /// that part (parameters with no part here are left out). Elementwise
   /// optimizers (SGD, Adam, AdamW, the fused ones in <ddp/optim.h>) then

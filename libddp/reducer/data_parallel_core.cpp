@@ -335,6 +335,7 @@ MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* opti
     report.gradient_bytes = sharded_->gradient_shard_bytes() + reducer_->allocated_bucket_bytes();
     if (!sharded_->has_gradient_shards()) {
       for (const at::Tensor& parameter : trained_) report.gradient_bytes += bytes_of(parameter);  // the module's own
+      report.gradient_bytes += sharded_->converted_gradient_bytes();
     }
     report.optimizer_elements = sharded_->local_elements();
     report.padding_elements = sharded_->padding_elements();

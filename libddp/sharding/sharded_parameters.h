@@ -159,6 +159,9 @@ class ShardedParameters {
   std::int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   void restart_peak() { peak_gathered_bytes_ = gathered_bytes_; }
   std::int64_t gradient_shard_bytes() const;  ///< The gradient shards (0 without).
+  /// Without gradient shards: the fragments' gradients converted to the
+  /// masters' dtype from a narrower gathered one (kept beside the module's own).
+  std::int64_t converted_gradient_bytes() const;
   std::int64_t trained_elements() const;
   std::int64_t local_elements() const;        ///< In this rank's fragments.
   std::int64_t padding_elements() const;

@@ -360,8 +360,19 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
   // The masters, whole on rank 0, in the parameters' own dtype.
   torch::serialize::OutputArchive archive;
   full.save_module(archive);
-  // What the units compute with: exactly the stepped masters in the gathered dtype.
+  // What the units compute with: the masters in the gathered dtype, on every
+  // rank within the masters' tolerance of one process's; on rank 0 exactly
+  // the cast of the masters it saved.
   full.gather_parameters();
+  for (const auto& item : full.module()->named_parameters()) {
+    const at::Tensor expected = reference->named_parameters()[item.key()].to(unit_dtype);
+    require(item.value().scalar_type() == unit_dtype, item.key() + " is not gathered in the param_dtype");
+    const double diff = (item.value().to(at::kFloat) - expected.to(at::kFloat)).abs().max().item<double>();
+    // bf16 of equal masters is equal; masters within tolerance differ by at most one rounding step more.
+    const double rounding = unit_dtype == at::kFloat ? 0 : expected.abs().max().item<double>() / 128;
+    require(diff <= gathering.tolerance + rounding,
+            "gathered " + item.key() + " differs from the reference by " + scientific(diff));
+  }
   if (pg.rank() == 0) {
     std::stringstream bytes;
     archive.save_to(bytes);
@@ -369,7 +380,6 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
     torch::load(masters, bytes);  // onto the archive's host tensors
     masters->to(device);
     for (const auto& item : full.module()->named_parameters()) {
-      require(item.value().scalar_type() == unit_dtype, item.key() + " is not gathered in the param_dtype");
       const at::Tensor expected = masters->named_parameters()[item.key()].to(unit_dtype);
       require(item.value().equal(expected),
               "gathered " + item.key() + " is not its master in " + c10::toString(unit_dtype) + ": they differ by " +
