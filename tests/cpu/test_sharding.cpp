@@ -155,7 +155,8 @@ TEST(ShardingFullGloo, UnitsGatheredInBf16StepFp32Masters) {
 
 // DeepSpeed's bf16 mode for ZeRO-1 and 2: the units stay gathered, in bf16,
 // between steps, each rank steps its fp32 master shard and casts it back into
-// its part before the all-gather (on one rank, the whole buffer).
+// its part before the all-gather (on one rank, the whole buffer); the
+// gradients averaged in bf16 or, by the hook, in fp32.
 TEST(ShardingResidentUnitsGloo, ZeroOneAndTwoKeepBf16UnitsAndStepFp32Masters) {
   for (int world_size : {1, 2}) {
     expect_all_succeeded(run_ranks(world_size, [](int) {
@@ -165,6 +166,8 @@ TEST(ShardingResidentUnitsGloo, ZeroOneAndTwoKeepBf16UnitsAndStepFp32Masters) {
         gathering.sharding = sharding;
         gathering.param_dtype = at::kBFloat16;
         gathering.tolerance = 2e-5;  // as kFull's above
+        check_units_gather_one_at_a_time(*pg, gathering);
+        gathering.comm_hook = ddp::comm_hooks::average_in(at::kFloat);
         check_units_gather_one_at_a_time(*pg, gathering);
       }
     }));

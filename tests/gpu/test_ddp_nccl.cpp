@@ -446,6 +446,13 @@ TEST(DdpNccl, CapturedStepWithFullyShardedUnitsInBf16MatchesEager) {
       "ZeRO-3, param_dtype bf16");
 }
 
+// The cast of each master into its part, then the all-gather, inside the graph.
+TEST(DdpNccl, CapturedStepWithBf16UnitsInZeroTwoMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(
+      ddp::testing::CapturedScenario().sharding(ddp::Sharding::kGradients).param_dtype(at::kBFloat16).micro_batches(2),
+      "ZeRO-2, param_dtype bf16, no_sync");
+}
+
 // The unused layer's gradients are never reduced: static_graph knows so
 // after the first step, and the recording skips them.
 TEST(DdpNccl, CapturedStepWithAnUnusedLayerUnderStaticGraphMatchesEager) {

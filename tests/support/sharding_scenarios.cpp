@@ -388,6 +388,21 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
     max_difference(*masters, *reference, to_string(gathering.sharding) + " sharding of a stack against one process",
                    gathering.tolerance);
   }
+  // Loading writes the masters; the next gather casts them into the units.
+  std::stringstream saved;
+  torch::serialize::OutputArchive out;
+  reference->save(out);
+  out.save_to(saved);
+  torch::serialize::InputArchive in;
+  in.load_from(saved);
+  DistributedDataParallel<Stack> restored(make(50 + pg.rank()), borrow(pg), options);
+  restored.load_module(in);
+  restored.gather_parameters();
+  for (const auto& item : restored.module()->named_parameters()) {
+    const at::Tensor expected = reference->named_parameters()[item.key()].to(unit_dtype);
+    require(item.value().equal(expected),
+            "after load_module, gathered " + item.key() + " is not the loaded value in " + c10::toString(unit_dtype));
+  }
 }
 
 namespace {
