@@ -355,7 +355,7 @@ int main(int argc, char** argv) try {
       .add("bucket-cap-mb", "25", "DDP bucket size")
       .add("sharding", "none",
            "none | optimizer (ZeRO-1) | gradients (ZeRO-2) | full (ZeRO-3, LLaMA: a unit per block)")
-      .add("param-dtype", "fp32", "--sharding full: fp32 | bf16, the dtype blocks are gathered and computed in")
+      .add("param-dtype", "fp32", "a sharded mode: fp32 | bf16, the dtype blocks are gathered and computed in")
       .add_switch("no-unit-gathers",
                   "--sharding optimizer|gradients: no shard units, so the forward waits for every "
                   "parameter gather before it starts (the A/B of their overlap with the forward)")
@@ -422,6 +422,9 @@ int main(int argc, char** argv) try {
   const ddp::Sharding sharding = options.sharding();
   if (sharding == ddp::Sharding::kFull && model_name != "llama") {
     flags.fail("--sharding full needs a model whose forward runs its units through ddp::in_unit; use --model llama");
+  }
+  if (options.param_dtype() && (model_name != "llama" || flags.on("no-unit-gathers"))) {
+    flags.fail("--param-dtype bf16 applies to LLaMA's blocks as units: use --model llama without --no-unit-gathers");
   }
   if (model_name != "llama") options.shard_units({});  // ResNet's blocks do not run through ddp::in_unit
   if (flags.on("no-unit-gathers")) {

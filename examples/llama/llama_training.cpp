@@ -42,8 +42,8 @@ ddp::DistributedDataParallelOptions sharding_options(const std::string& sharding
   if (param_dtype != "fp32" && param_dtype != "bf16") {
     throw std::invalid_argument("--param-dtype must be fp32 or bf16, got '" + param_dtype + "'");
   }
-  if (param_dtype == "bf16" && sharding != ddp::Sharding::kFull) {
-    throw std::invalid_argument("--param-dtype bf16 needs --sharding full");
+  if (param_dtype == "bf16" && sharding == ddp::Sharding::kNone) {
+    throw std::invalid_argument("--param-dtype bf16 needs a sharded mode: --sharding optimizer, gradients or full");
   }
   if (param_dtype == "bf16" && policy.autocast_dtype() != at::kBFloat16) {
     throw std::invalid_argument(

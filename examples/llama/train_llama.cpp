@@ -72,8 +72,9 @@ int main(int argc, char** argv) try {
            "what each rank keeps whole: none (plain DDP) | optimizer (ZeRO-1: optimizer state sharded) | gradients "
            "(ZeRO-2: gradients too) | full (ZeRO-3: parameters too, each block gathered only while it runs)")
       .add("param-dtype", "fp32",
-           "--sharding full: the dtype blocks are gathered and computed in, fp32 | bf16 (FSDP's param_dtype: half "
-           "the gather traffic, no autocast copies of the weights; the optimizer keeps fp32 masters)")
+           "a sharded mode: the dtype blocks are gathered and computed in, fp32 | bf16 (FSDP's param_dtype, "
+           "DeepSpeed's bf16 mode: half the gather and reduction traffic, no autocast copies of the weights; the "
+           "optimizer keeps fp32 masters)")
       .add("weight-decay", "0.1", "AdamW weight decay (not on norms)")
       .add("beta2", "0.95", "AdamW beta2")
       .add("seed", "0", "random seed");

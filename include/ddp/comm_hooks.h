@@ -20,8 +20,8 @@ struct GradBucket {
   /// Sharded modes only (undefined otherwise): buffer holds world_size equal
   /// parts, and this rank's part of the average must end up here
   /// (Communicator::reduce_scatter); buffer itself need not change. Its
-  /// dtype may be wider than the buffer's (kFull with a narrower
-  /// param_dtype keeps fp32 gradient shards of bf16 gradients).
+  /// dtype may be wider than the buffer's (with a narrower param_dtype the
+  /// sharded modes keep fp32 gradient shards of bf16 gradients).
   at::Tensor shard;
 };
 
@@ -39,8 +39,8 @@ DDP_API CommHook average();
 
 /// Casts the bucket to `dtype` (bf16, fp16 or fp32), averages in it and
 /// casts back: half the bytes on the wire for fp32 gradients in bf16, as
-/// PyTorch's bf16_compress_hook; or bf16 gradients averaged in fp32 (kFull
-/// with param_dtype bf16). FSDP calls it reduce_dtype.
+/// PyTorch's bf16_compress_hook; or bf16 gradients averaged in fp32 (the
+/// sharded modes with param_dtype bf16). FSDP calls it reduce_dtype.
 DDP_API CommHook average_in(c10::ScalarType dtype);
 
 }  // namespace comm_hooks

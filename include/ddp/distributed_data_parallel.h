@@ -76,15 +76,16 @@ struct DistributedDataParallelOptions {
   /// at its entry, so the gathers of later layers overlap the forward of
   /// earlier ones (without units the forward waits for all of them first).
   TORCH_ARG(std::vector<std::string>, shard_units) = {};
-  /// Sharding::kFull: the dtype units are gathered and computed in (FSDP's
-  /// MixedPrecisionPolicy param_dtype), e.g. at::kBFloat16: half the bytes
-  /// of each gather, and autocast finds the weights already in bf16 instead
-  /// of keeping a bf16 copy of each for backward. The units' parameters and
-  /// gradients take this dtype; the shards the optimizer steps, their
-  /// gradients and checkpoints keep the parameters' own (fp32 masters).
-  /// Gradients are averaged in it unless a comm hook says otherwise
-  /// (comm_hooks::average_in(at::kFloat)). Parameters outside units keep
-  /// their dtype. Unset: the parameters' own.
+  /// The sharded modes: the dtype units are gathered and computed in (FSDP's
+  /// MixedPrecisionPolicy param_dtype; with kOptimizer and kGradients,
+  /// DeepSpeed's bf16 mode), e.g. at::kBFloat16: half the bytes of each
+  /// gather and reduction, and autocast finds the weights already in bf16
+  /// instead of casting them every step and keeping the copies for backward.
+  /// The units' parameters and gradients take this dtype; the shards the
+  /// optimizer steps, their gradients and checkpoints keep the parameters'
+  /// own (fp32 masters). Gradients are averaged in it unless a comm hook says
+  /// otherwise (comm_hooks::average_in(at::kFloat)). Parameters outside units
+  /// keep their dtype. Needs shard_units. Unset: the parameters' own.
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
 };
 
@@ -291,7 +292,8 @@ class DistributedDataParallel {
 
   /// What the optimizer must step on this rank. Without sharding, the
   /// module's trained parameters. With sharding, this rank's part of each: a
-  /// flat tensor aliasing the part of the parameter in this rank's shard,
+  /// flat tensor aliasing the part of the parameter in this rank's shard (or
+  /// a master of that part, where units are gathered in another dtype),
   /// whose gradient, after a reducing backward, is the average over ranks of
   /// that part (parameters with no part here are left out). Elementwise
   /// optimizers (SGD, Adam, AdamW, the fused ones in <ddp/optim.h>) then

@@ -69,17 +69,18 @@ std::int64_t state_bytes(const torch::optim::Optimizer& optimizer) {
   return bytes;
 }
 
-/// The dtype kFull gathers units in if it differs from the parameters'
-/// (Undefined otherwise); UsageError for what cannot be gathered so.
+/// The dtype the sharded modes gather units in if it differs from the
+/// parameters' (Undefined otherwise); UsageError for what cannot be gathered so.
 at::ScalarType checked_param_dtype(const DistributedDataParallelOptions& options,
                                    const std::vector<at::Tensor>& trained, const std::vector<std::string>& names) {
   if (!options.param_dtype()) return at::ScalarType::Undefined;
   const c10::ScalarType dtype = *options.param_dtype();
-  if (options.sharding() != Sharding::kFull) {
-    throw UsageError(
-        fmt::format("libddp: param_dtype({}) applies to the units Sharding::kFull gathers, but sharding is {}; set "
-                    ".sharding(ddp::Sharding::kFull) with shard_units, or run the other modes under autocast",
-                    c10::toString(dtype), to_string(options.sharding())));
+  if (options.sharding() == Sharding::kNone || options.shard_units().empty()) {
+    throw UsageError(fmt::format(
+        "libddp: param_dtype({}) applies to the parameters of shard units, which the sharded modes gather from fp32 "
+        "masters, but {}; set .sharding(ddp::Sharding::kGradients) (or kOptimizer, kFull) and name the units with "
+        ".shard_units({{\"layers.*\"}}), or run under autocast without param_dtype",
+        c10::toString(dtype), options.sharding() == Sharding::kNone ? "sharding is none" : "no shard_units are named"));
   }
   if (dtype != at::kBFloat16 && dtype != at::kHalf && dtype != at::kFloat) {
     throw UsageError(fmt::format("libddp: param_dtype must be bf16, fp16 or fp32, got {}", c10::toString(dtype)));
@@ -334,6 +335,7 @@ MemoryReport DataParallelCore::memory_report(const torch::optim::Optimizer* opti
     report.gradient_bytes = sharded_->gradient_shard_bytes() + reducer_->allocated_bucket_bytes();
     if (!sharded_->has_gradient_shards()) {
       for (const at::Tensor& parameter : trained_) report.gradient_bytes += bytes_of(parameter);  // the module's own
+      report.gradient_bytes += sharded_->converted_gradient_bytes();
     }
     report.optimizer_elements = sharded_->local_elements();
     report.padding_elements = sharded_->padding_elements();

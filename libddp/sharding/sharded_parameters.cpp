@@ -37,18 +37,20 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> parameters,
     if (gradient_shards_) bucket.gradient_shard = at::zeros({bucket.layout.shard_numel}, first.options());
     for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
-    if (bucket.transient) {
+    const bool narrowed =
+        bucket.in_unit && gathered_dtype != at::ScalarType::Undefined && gathered_dtype != bucket.buffer.scalar_type();
+    if (bucket.transient || narrowed) {
       bucket.master = bucket.buffer.narrow(0, shard_begin, bucket.layout.shard_numel).clone();
-      if (gathered_dtype != at::ScalarType::Undefined && gathered_dtype != bucket.buffer.scalar_type()) {
-        // The parameters take the gathered dtype; the master keeps their values whole.
-        bucket.buffer = bucket.buffer.to(gathered_dtype);
-        for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
-      }
     }
-    // The optimizer's view of the shard: in place in a resident buffer, the
-    // kept master of a transient one.
-    const at::Tensor& shard_home = bucket.transient ? bucket.master : bucket.buffer;
-    const std::int64_t home_begin = bucket.transient ? shard_begin : 0;
+    if (narrowed) {
+      // The parameters take the gathered dtype; the master keeps their values whole.
+      bucket.buffer = bucket.buffer.to(gathered_dtype);
+      for (std::size_t slot = 0; slot < indices.size(); ++slot) adopt(bucket, slot);
+    }
+    // The optimizer's view of the shard: the kept master if there is one,
+    // else in place in the resident buffer.
+    const at::Tensor& shard_home = bucket.master.defined() ? bucket.master : bucket.buffer;
+    const std::int64_t home_begin = bucket.master.defined() ? shard_begin : 0;
     for (const auto& part : bucket.layout.fragments(comm_.rank())) {
       Fragment fragment{indices[part.slot], part.begin - bucket.layout.offsets[part.slot],
                         alias(shard_home, part.begin - home_begin, {part.length}, {1}), at::Tensor()};
@@ -146,6 +148,13 @@ void ShardedParameters::gather(bool defer_units) {
   gather_pending_ = false;
   if (!gradient_shards_) {
     for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+  }
+  // A resident bucket in a narrower dtype: its part is the cast of the
+  // master the optimizer stepped (on one rank, the whole buffer).
+  for (Bucket& bucket : buckets_) {
+    if (bucket.transient || !bucket.master.defined()) continue;
+    const std::int64_t shard = bucket.layout.shard_numel;
+    bucket.buffer.narrow(0, comm_.rank() * shard, shard).copy_(bucket.master);
   }
   if (comm_.world_size() == 1) return;
   // The last buckets hold the first layers: gather them first, for the
@@ -303,7 +312,10 @@ at::Tensor ShardedParameters::part_of(std::size_t index, const at::Tensor& value
 
 std::int64_t ShardedParameters::buffer_bytes() const {
   std::int64_t bytes = 0;
-  for (const auto& bucket : buckets_) bytes += (bucket.transient ? bucket.master : bucket.buffer).nbytes();
+  for (const auto& bucket : buckets_) {
+    if (!bucket.transient) bytes += bucket.buffer.nbytes();
+    if (bucket.master.defined()) bytes += bucket.master.nbytes();
+  }
   return bytes;
 }
 
@@ -313,6 +325,15 @@ std::int64_t ShardedParameters::gradient_shard_bytes() const {
     if (bucket.gradient_shard.defined()) bytes += bucket.gradient_shard.numel() * bucket.gradient_shard.element_size();
   }
   return bytes;
+}
+
+std::int64_t ShardedParameters::converted_gradient_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& fragment : fragments_) {
+    if (fragment.value.scalar_type() == parameters_[fragment.parameter].scalar_type()) continue;
+    bytes += fragment.value.numel() * fragment.value.element_size();
+  }
+  return gradient_shards_ ? 0 : bytes;
 }
 
 std::int64_t ShardedParameters::trained_elements() const {

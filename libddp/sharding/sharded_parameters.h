@@ -40,10 +40,12 @@ struct ShardedCollective {
 /// the storage's memory out instead of re-pointing the parameters, so the
 /// tensors autograd saved in forward see the memory of the next gather.
 ///
-/// A transient bucket may be gathered in a narrower dtype than its shard
-/// (FSDP's param_dtype): the parameters, views of the buffer, then take
-/// that dtype and so do their gradients, while the shard the optimizer
-/// steps and the gradient shard keep the parameters' own (fp32 masters).
+/// A unit's bucket, transient or resident, may be gathered in a narrower
+/// dtype than its shard (FSDP's param_dtype; DeepSpeed's bf16 mode for ZeRO-1
+/// and 2): the parameters, views of the buffer, then take that dtype and so
+/// do their gradients, while the shard the optimizer steps (then a master of
+/// its own, also in a resident bucket) and the gradient shard keep the
+/// parameters' own (fp32 masters).
 class ShardedParameters {
  public:
   /// `plan`: buckets of indices into `parameters`, the reducer's. Copies the
@@ -54,7 +56,7 @@ class ShardedParameters {
   /// `unit_of_bucket`: per bucket, the shard unit whose parameters it holds,
   /// or -1 (empty: no units). `transient_units`: whether unit buckets are
   /// transient (kFull); they start gathered. `gathered_dtype`: the dtype
-  /// transient buckets are gathered in (Undefined: the parameters' own).
+  /// unit buckets are gathered in (Undefined: the parameters' own).
   ShardedParameters(std::vector<at::Tensor> parameters, const std::vector<std::vector<std::size_t>>& plan,
                     Communicator& comm, bool gradient_shards, const std::vector<int>& unit_of_bucket = {},
                     bool transient_units = false, at::ScalarType gathered_dtype = at::ScalarType::Undefined);
@@ -75,7 +77,8 @@ class ShardedParameters {
   void attach_gradients(const std::vector<std::uint8_t>* globally_used);
 
   /// Before a forward: if an optimizer may have stepped the shards since the
-  /// last synchronised backward, all-gathers every resident buffer (the
+  /// last synchronised backward, casts the masters of resident buckets in a
+  /// narrower dtype into their parts, and all-gathers every resident buffer (the
   /// current stream waits for the gathers on the device; the host does not).
   /// With `defer_units`, a unit's resident bucket is only started: the
   /// unit's entry waits for it (finish_gather), so that the gathers of later
@@ -150,12 +153,15 @@ class ShardedParameters {
     if (recording_ != nullptr) recording_->push_back({ShardedCollective::kReduce, bucket});
   }
 
-  /// Parameter memory between iterations: resident buffers and transient shards.
+  /// Parameter memory between iterations: resident buffers and masters.
   std::int64_t buffer_bytes() const;
   /// The most transient buffer memory held at once since restart_peak().
   std::int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   void restart_peak() { peak_gathered_bytes_ = gathered_bytes_; }
   std::int64_t gradient_shard_bytes() const;  ///< The gradient shards (0 without).
+  /// Without gradient shards: the fragments' gradients converted to the
+  /// masters' dtype from a narrower gathered one (kept beside the module's own).
+  std::int64_t converted_gradient_bytes() const;
   std::int64_t trained_elements() const;
   std::int64_t local_elements() const;        ///< In this rank's fragments.
   std::int64_t padding_elements() const;
@@ -174,7 +180,7 @@ class ShardedParameters {
     at::Tensor gradient_shard;  ///< shard_numel elements.
     bool transient = false;
     bool in_unit = false;       ///< Holds a shard unit's parameters.
-    at::Tensor master;          ///< Transient: this rank's shard_numel elements, kept.
+    at::Tensor master;          ///< Transient or narrowed: this rank's shard_numel elements, kept.
     bool has_memory = true;     ///< Transient: the buffer is allocated (gathered or gathering).
     std::shared_ptr<Work> gathering;  ///< The gather in flight, if one is.
   };

@@ -153,6 +153,27 @@ TEST(ShardingFullGloo, UnitsGatheredInBf16StepFp32Masters) {
   }
 }
 
+// DeepSpeed's bf16 mode for ZeRO-1 and 2: the units stay gathered, in bf16,
+// between steps, each rank steps its fp32 master shard and casts it back into
+// its part before the all-gather (on one rank, the whole buffer); the
+// gradients averaged in bf16 or, by the hook, in fp32.
+TEST(ShardingResidentUnitsGloo, ZeroOneAndTwoKeepBf16UnitsAndStepFp32Masters) {
+  for (int world_size : {1, 2}) {
+    expect_all_succeeded(run_ranks(world_size, [](int) {
+      auto pg = init_gloo();
+      for (const Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients}) {
+        UnitGathering gathering;
+        gathering.sharding = sharding;
+        gathering.param_dtype = at::kBFloat16;
+        gathering.tolerance = 2e-5;  // as kFull's above
+        check_units_gather_one_at_a_time(*pg, gathering);
+        gathering.comm_hook = ddp::comm_hooks::average_in(at::kFloat);
+        check_units_gather_one_at_a_time(*pg, gathering);
+      }
+    }));
+  }
+}
+
 struct BranchImpl : torch::nn::Module {
   torch::nn::Linear trunk = register_module("trunk", torch::nn::Linear(4, 4));
   torch::nn::Linear side = register_module("side", torch::nn::Linear(4, 4));
@@ -262,8 +283,12 @@ TEST(ShardingFullGlooOneRank, BadUnitsAreRefusedByName) {
             "shard units 0 ran outside ddp::in_unit");
     refused(ddp::DistributedDataParallelOptions(full).shard_units({"layers.*"}),
             "shard_units pattern 'layers.*' matches no submodule of the model");
+    refused(ddp::DistributedDataParallelOptions().param_dtype(at::kBFloat16),
+            "param_dtype(BFloat16) applies to the parameters of shard units, which the sharded modes gather from "
+            "fp32 masters, but sharding is none");
     refused(ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients).param_dtype(at::kBFloat16),
-            "param_dtype(BFloat16) applies to the units Sharding::kFull gathers, but sharding is gradients");
+            "param_dtype(BFloat16) applies to the parameters of shard units, which the sharded modes gather from "
+            "fp32 masters, but no shard_units are named");
     refused(ddp::DistributedDataParallelOptions(full).shard_units({"0"}).param_dtype(at::kInt),
             "param_dtype must be bf16, fp16 or fp32, got Int");
     // A storage replaced behind the shards' back (Module::load, Module::to).

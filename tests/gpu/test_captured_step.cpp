@@ -96,6 +96,14 @@ TEST(CapturedStep, FullyShardedUnitsGatheredInBf16InsideTheGraph) {
                                 "ZeRO-3, param_dtype bf16");
 }
 
+// ZeRO-2 with resident bf16 units: each step casts the fp32 masters into
+// them inside the graph; the first micro-batch accumulates under no_sync.
+TEST(CapturedStep, ShardedGradientsWithBf16UnitsAndNoSyncInsideTheGraph) {
+  expect_captured_matches_eager(
+      CapturedScenario().sharding(ddp::Sharding::kGradients).param_dtype(at::kBFloat16).micro_batches(2),
+      "ZeRO-2, param_dtype bf16, no_sync");
+}
+
 TEST(CapturedStep, UnusedLayerUnderStaticGraphInsideTheGraph) {
   expect_captured_matches_eager(CapturedScenario().unused_layer(true), "find_unused_parameters + static_graph");
 }

@@ -131,10 +131,13 @@ TEST(DdpNccl, ShardedModesMatchPlainDdpAndOneProcess) {
     check_memory_report(*pg);
     check_grad_scaler_agrees(*pg, ddp::Sharding::kFull);
     check_units_gather_one_at_a_time(*pg);
-    UnitGathering bf16;  // FSDP's param_dtype: units in bf16, fp32 masters
+    UnitGathering bf16;  // FSDP's param_dtype (DeepSpeed's bf16 mode in ZeRO-1/2): units in bf16, fp32 masters
     bf16.param_dtype = at::kBFloat16;
     bf16.tolerance = 2e-5;
-    check_units_gather_one_at_a_time(*pg, bf16);
+    for (const auto sharding : {ddp::Sharding::kFull, ddp::Sharding::kGradients, ddp::Sharding::kOptimizer}) {
+      bf16.sharding = sharding;
+      check_units_gather_one_at_a_time(*pg, bf16);
+    }
   }));
 }
 
@@ -441,6 +444,13 @@ TEST(DdpNccl, CapturedStepWithFullyShardedUnitsInBf16MatchesEager) {
   expect_captured_matches_eager_on_two_gpus(
       ddp::testing::CapturedScenario().sharding(ddp::Sharding::kFull).param_dtype(at::kBFloat16),
       "ZeRO-3, param_dtype bf16");
+}
+
+// The cast of each master into its part, then the all-gather, inside the graph.
+TEST(DdpNccl, CapturedStepWithBf16UnitsInZeroTwoMatchesEager) {
+  expect_captured_matches_eager_on_two_gpus(
+      ddp::testing::CapturedScenario().sharding(ddp::Sharding::kGradients).param_dtype(at::kBFloat16).micro_batches(2),
+      "ZeRO-2, param_dtype bf16, no_sync");
 }
 
 // The unused layer's gradients are never reduced: static_graph knows so

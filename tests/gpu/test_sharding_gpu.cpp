@@ -28,7 +28,10 @@ TEST(ShardingCuda, EveryModeTrainsAsPlainDdpOnOneGpu) {
     UnitGathering bf16;  // FSDP's param_dtype: the gather is a cast to bf16 units, fp32 masters
     bf16.param_dtype = at::kBFloat16;
     bf16.tolerance = 2e-5;
-    check_units_gather_one_at_a_time(*pg, bf16);
+    for (const auto sharding : {ddp::Sharding::kFull, ddp::Sharding::kGradients, ddp::Sharding::kOptimizer}) {
+      bf16.sharding = sharding;
+      check_units_gather_one_at_a_time(*pg, bf16);
+    }
   }));
 }
 

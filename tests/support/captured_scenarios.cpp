@@ -43,7 +43,8 @@ UnitMlp make_mlp(const torch::Device& device, const CapturedScenario& scenario) 
 
 DistributedDataParallelOptions model_options(const CapturedScenario& scenario) {
   auto options = DistributedDataParallelOptions().sharding(scenario.sharding());
-  if (scenario.sharding() == Sharding::kFull) options.shard_units({"first", "second"});
+  // param_dtype narrows the units' parameters, in every sharded mode.
+  if (scenario.sharding() == Sharding::kFull || scenario.param_dtype()) options.shard_units({"first", "second"});
   if (scenario.unused_layer()) options.find_unused_parameters(true).static_graph(true);
   return options.param_dtype(scenario.param_dtype());
 }

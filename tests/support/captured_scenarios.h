@@ -31,7 +31,7 @@ struct CapturedScenario {
   /// Float8Linear layers with delayed scaling (bf16 autocast).
   TORCH_ARG(bool, float8) = false;
   TORCH_ARG(Sharding, sharding) = Sharding::kNone;
-  /// Sharding::kFull: the dtype units are gathered and computed in (bf16 autocast).
+  /// The sharded modes: the dtype units are gathered and computed in (bf16 autocast).
   TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
   /// A third layer the forward never calls, under find_unused_parameters and
   /// static_graph (what a recorded step needs to skip it).

@@ -317,7 +317,7 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
     stack->to(device);
     return stack;
   };
-  auto options = DistributedDataParallelOptions().sharding(Sharding::kFull).shard_units({"layers.*"});
+  auto options = DistributedDataParallelOptions().sharding(gathering.sharding).shard_units({"layers.*"});
   if (gathering.param_dtype) options.param_dtype(gathering.param_dtype);
   if (gathering.comm_hook) options.comm_hook(gathering.comm_hook);
   DistributedDataParallel<Stack> full(make(1 + pg.rank()), borrow(pg), options);
@@ -348,25 +348,21 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
               std::string("the optimizer steps ") + c10::toString(master.scalar_type()) + " shards");
     }
   }
-  const MemoryReport report = full.memory_report(optimizer.get());
-  const std::int64_t unit_bytes = (32 * 32 + 32 + report.padding_elements / 6) * c10::elementSize(unit_dtype);
-  // The unit running and the next, prefetched: in forward the one before is
-  // freed as the next starts; in backward once its gradients are all in.
-  require(report.peak_gathered_bytes >= unit_bytes && report.peak_gathered_bytes <= 2 * unit_bytes,
-          "at most two of six units gathered at once: " + std::to_string(report.peak_gathered_bytes) + " bytes, " +
-              std::to_string(unit_bytes) + " per unit");
+  if (gathering.sharding == Sharding::kFull) {
+    const MemoryReport report = full.memory_report(optimizer.get());
+    const std::int64_t unit_bytes = (32 * 32 + 32 + report.padding_elements / 6) * c10::elementSize(unit_dtype);
+    // The unit running and the next, prefetched: in forward the one before is
+    // freed as the next starts; in backward once its gradients are all in.
+    require(report.peak_gathered_bytes >= unit_bytes && report.peak_gathered_bytes <= 2 * unit_bytes,
+            "at most two of six units gathered at once: " + std::to_string(report.peak_gathered_bytes) + " bytes, " +
+                std::to_string(unit_bytes) + " per unit");
+  }
   // The masters, whole on rank 0, in the parameters' own dtype.
   torch::serialize::OutputArchive archive;
   full.save_module(archive);
-  if (pg.rank() == 0) {
-    std::stringstream bytes;
-    archive.save_to(bytes);
-    Stack masters = make(99);
-    torch::load(masters, bytes);  // onto the archive's host tensors
-    masters->to(device);
-    max_difference(*masters, *reference, "full sharding of a stack against one process", gathering.tolerance);
-  }
-  // What the units compute with: the masters in the gathered dtype.
+  // What the units compute with: the masters in the gathered dtype, on every
+  // rank within the masters' tolerance of one process's; on rank 0 exactly
+  // the cast of the masters it saved.
   full.gather_parameters();
   for (const auto& item : full.module()->named_parameters()) {
     const at::Tensor expected = reference->named_parameters()[item.key()].to(unit_dtype);
@@ -376,6 +372,36 @@ void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gat
     const double rounding = unit_dtype == at::kFloat ? 0 : expected.abs().max().item<double>() / 128;
     require(diff <= gathering.tolerance + rounding,
             "gathered " + item.key() + " differs from the reference by " + scientific(diff));
+  }
+  if (pg.rank() == 0) {
+    std::stringstream bytes;
+    archive.save_to(bytes);
+    Stack masters = make(99);
+    torch::load(masters, bytes);  // onto the archive's host tensors
+    masters->to(device);
+    for (const auto& item : full.module()->named_parameters()) {
+      const at::Tensor expected = masters->named_parameters()[item.key()].to(unit_dtype);
+      require(item.value().equal(expected),
+              "gathered " + item.key() + " is not its master in " + c10::toString(unit_dtype) + ": they differ by " +
+                  scientific((item.value().to(at::kFloat) - expected.to(at::kFloat)).abs().max().item<double>()));
+    }
+    max_difference(*masters, *reference, to_string(gathering.sharding) + " sharding of a stack against one process",
+                   gathering.tolerance);
+  }
+  // Loading writes the masters; the next gather casts them into the units.
+  std::stringstream saved;
+  torch::serialize::OutputArchive out;
+  reference->save(out);
+  out.save_to(saved);
+  torch::serialize::InputArchive in;
+  in.load_from(saved);
+  DistributedDataParallel<Stack> restored(make(50 + pg.rank()), borrow(pg), options);
+  restored.load_module(in);
+  restored.gather_parameters();
+  for (const auto& item : restored.module()->named_parameters()) {
+    const at::Tensor expected = reference->named_parameters()[item.key()].to(unit_dtype);
+    require(item.value().equal(expected),
+            "after load_module, gathered " + item.key() + " is not the loaded value in " + c10::toString(unit_dtype));
   }
 }
 

@@ -53,14 +53,15 @@ void check_memory_report(ProcessGroup& pg);
 
 /// How check_units_gather_one_at_a_time gathers and reduces.
 struct UnitGathering {
+  Sharding sharding = Sharding::kFull;         ///< kOptimizer and kGradients keep the units resident.
   std::optional<c10::ScalarType> param_dtype;  ///< Gather the units in it (unset: fp32).
   CommHook comm_hook = nullptr;                ///< Unset: average().
   double tolerance = 1e-6;                     ///< Of the fp32 masters against one process.
 };
 
-/// Sharding::kFull over six equal layers, each a unit: trains as one
-/// process (SGD), holds at most two units gathered at once, runs the units
-/// in the param_dtype and steps fp32 masters.
+/// Six equal layers, each a unit: trains as one process (SGD), runs the
+/// units in the param_dtype and steps fp32 masters; in Sharding::kFull holds
+/// at most two units gathered at once.
 void check_units_gather_one_at_a_time(ProcessGroup& pg, const UnitGathering& gathering = {});
 
 /// How a checkpoint holds the model and its optimizer state.
