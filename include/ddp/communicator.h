@@ -87,7 +87,9 @@ class DDP_API Communicator {
   /// Reduces every rank's `input`, which holds world_size() * output.numel()
   /// elements, and leaves in `output` this rank's part of the result: the
   /// elements [rank() * n, (rank() + 1) * n) with n = output.numel(). `output`
-  /// may be that part of `input` itself (in place). kAvg needs a floating-point dtype.
+  /// may be that part of `input` itself (in place), and of `input`'s dtype or,
+  /// for a bf16 or fp16 `input`, fp32 (16-bit gradients reduced straight into
+  /// an fp32 shard). kAvg needs a floating-point dtype.
   virtual std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                                ReduceOp op = ReduceOp::kSum) = 0;
   /// Returns once every rank has called barrier(); throws on timeout.

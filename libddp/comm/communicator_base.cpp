@@ -177,20 +177,21 @@ std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int 
                });
 }
 
-void CommunicatorBase::check_world_multiple(const at::Tensor& whole, const at::Tensor& part, const char* op,
-                                            const char* whole_role) const {
-  if (whole.scalar_type() != part.scalar_type() || whole.numel() != part.numel() * world_size_) {
-    throw UsageError(fmt::format("libddp: {}: the {} must hold world_size ({}) x {} elements of {}, got {} "
-                                 "elements of {}",
-                                 op, whole_role, world_size_, part.numel(), c10::toString(part.scalar_type()),
-                                 whole.numel(), c10::toString(whole.scalar_type())));
+void CommunicatorBase::check_world_multiple(const at::Tensor& whole, std::int64_t part_numel, c10::ScalarType dtype,
+                                            const char* op, const char* whole_role) const {
+  if (whole.scalar_type() != dtype || whole.numel() != part_numel * world_size_) {
+    throw UsageError(
+        fmt::format("libddp: {}: the {} must hold world_size ({}) x {} elements of {}, got {} "
+                    "elements of {}",
+                    op, whole_role, world_size_, part_numel, c10::toString(dtype), whole.numel(),
+                    c10::toString(whole.scalar_type())));
   }
 }
 
 std::shared_ptr<Work> CommunicatorBase::all_gather(const at::Tensor& output, const at::Tensor& input) {
   check_tensor(input, "all_gather", "input");
   check_tensor(output, "all_gather", "output");
-  check_world_multiple(output, input, "all_gather", "output");
+  check_world_multiple(output, input.numel(), input.scalar_type(), "all_gather", "output");
   return issue("all_gather", describe_tensor(input),
                [&]() {
                  return input.numel() == 0 ? nullptr : launch_all_gather(output, input);
@@ -201,7 +202,12 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const at::Tensor& output,
                                                        ReduceOp op) {
   check_tensor(input, "reduce_scatter", "input");
   check_tensor(output, "reduce_scatter", "output");
-  check_world_multiple(input, output, "reduce_scatter", "input");
+  // A 16-bit input may be reduced into an fp32 output (the sum is taken in
+  // fp32 where libddp reduces itself; NCCL's is cast afterwards).
+  const bool widens =
+      output.scalar_type() == at::kFloat && (input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf);
+  check_world_multiple(input, output.numel(), widens ? input.scalar_type() : output.scalar_type(), "reduce_scatter",
+                       "input");
   if (op == ReduceOp::kAvg && !at::isFloatingType(input.scalar_type())) {
     throw UsageError(fmt::format("libddp: reduce_scatter: avg needs a floating-point tensor, got {}; use sum and "
                                  "divide, or convert the tensor",

@@ -149,8 +149,8 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   using LaunchFn = std::function<std::unique_ptr<BackendOp>()>;
   std::shared_ptr<Work> issue(const char* op, std::string detail, const LaunchFn& launch);
   void check_tensor(const at::Tensor& tensor, const char* op, const char* role) const;
-  /// Throws UsageError unless `whole` holds world_size() x `part` elements of its dtype.
-  void check_world_multiple(const at::Tensor& whole, const at::Tensor& part, const char* op,
+  /// Throws UsageError unless `whole` holds world_size() x `part_numel` elements of `dtype`.
+  void check_world_multiple(const at::Tensor& whole, std::int64_t part_numel, c10::ScalarType dtype, const char* op,
                             const char* whole_role) const;
   void watchdog_loop();
   void settle_pending();

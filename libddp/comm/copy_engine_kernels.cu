@@ -1,8 +1,10 @@
 // The reduction of the copy-engine all-reduce: each rank sums (or takes the
 // maximum of) its own chunk and the peers' copies of it that the copy engines
 // delivered, and writes the result twice: into its tensor and into the
-// staging area the peers pull it from. Bandwidth-bound, so 16-byte loads and
-// stores where every pointer allows them.
+// staging area the peers pull it from. Bandwidth-bound, so 16-byte loads (and
+// stores of the same elements) where every pointer allows them. A
+// reduce-scatter of 16-bit gradients may write fp32: the sum is computed in
+// fp32 anyway, and a separate cast would read and write the shard again.
 
 #include <algorithm>
 
@@ -35,10 +37,14 @@ __device__ __forceinline__ float combine(float acc, T value) {
 
 /// Reduces elements [begin, end) of every source one element at a time; `Pack`
 /// elements at once when `Pack` > 1 (the caller checked the alignment).
-template <typename T, ChunkOp Op, int Pack>
+template <typename T, typename Out, ChunkOp Op, int Pack>
 __device__ void reduce_range(const KernelArgs& args, std::int64_t begin, std::int64_t end) {
   struct alignas(sizeof(T) * Pack) Vector {
     T value[Pack];
+  };
+  // The same elements in the outputs' dtype: one 16-byte store, or two.
+  struct alignas(sizeof(Out) * Pack < kVectorBytes ? sizeof(Out) * Pack : kVectorBytes) OutVector {
+    Out value[Pack];
   };
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * Pack;
   for (std::int64_t i = begin + (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * Pack; i < end;
@@ -52,30 +58,30 @@ __device__ void reduce_range(const KernelArgs& args, std::int64_t begin, std::in
 #pragma unroll
       for (int k = 0; k < Pack; ++k) acc[k] = combine<T, Op>(acc[k], next.value[k]);
     }
-    Vector out;
+    OutVector out;
 #pragma unroll
-    for (int k = 0; k < Pack; ++k) out.value[k] = from_float<T>(Op == ChunkOp::kSum ? acc[k] * args.scale : acc[k]);
+    for (int k = 0; k < Pack; ++k) out.value[k] = from_float<Out>(Op == ChunkOp::kSum ? acc[k] * args.scale : acc[k]);
     for (int o = 0; o < 2; ++o) {
-      if (args.outputs[o] != nullptr) *reinterpret_cast<Vector*>(static_cast<T*>(args.outputs[o]) + i) = out;
+      if (args.outputs[o] != nullptr) *reinterpret_cast<OutVector*>(static_cast<Out*>(args.outputs[o]) + i) = out;
     }
   }
 }
 
-template <typename T, ChunkOp Op, bool Vectorized>
+template <typename T, typename Out, ChunkOp Op, bool Vectorized>
 __global__ void __launch_bounds__(kThreads) reduce_chunk_kernel(KernelArgs args) {
   constexpr int kPack = kVectorBytes / sizeof(T);
   if constexpr (Vectorized) {
     const std::int64_t vectorized = args.numel / kPack * kPack;
-    reduce_range<T, Op, kPack>(args, 0, vectorized);
-    reduce_range<T, Op, 1>(args, vectorized, args.numel);  // the tail
+    reduce_range<T, Out, Op, kPack>(args, 0, vectorized);
+    reduce_range<T, Out, Op, 1>(args, vectorized, args.numel);  // the tail
   } else {
-    reduce_range<T, Op, 1>(args, 0, args.numel);
+    reduce_range<T, Out, Op, 1>(args, 0, args.numel);
   }
 }
 
 bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % kVectorBytes == 0; }
 
-template <typename T, ChunkOp Op>
+template <typename T, typename Out, ChunkOp Op>
 void launch(const ChunkReduction& r, cudaStream_t stream) {
   KernelArgs args{};
   bool vectorized = true;
@@ -96,19 +102,29 @@ void launch(const ChunkReduction& r, cudaStream_t stream) {
   const std::int64_t packs = (r.numel * static_cast<std::int64_t>(sizeof(T)) + kVectorBytes - 1) / kVectorBytes;
   const int blocks = static_cast<int>(std::min<std::int64_t>((packs + kThreads - 1) / kThreads, 1024));
   if (vectorized) {
-    reduce_chunk_kernel<T, Op, true><<<blocks, kThreads, 0, stream>>>(args);
+    reduce_chunk_kernel<T, Out, Op, true><<<blocks, kThreads, 0, stream>>>(args);
   } else {
-    reduce_chunk_kernel<T, Op, false><<<blocks, kThreads, 0, stream>>>(args);
+    reduce_chunk_kernel<T, Out, Op, false><<<blocks, kThreads, 0, stream>>>(args);
   }
   DDP_CUDA_CHECK_LAUNCH("reduce_chunk_kernel");
 }
 
-template <typename T>
+template <typename T, typename Out = T>
 void launch_op(const ChunkReduction& r, cudaStream_t stream) {
   if (r.op == ChunkOp::kSum) {
-    launch<T, ChunkOp::kSum>(r, stream);
+    launch<T, Out, ChunkOp::kSum>(r, stream);
   } else {
-    launch<T, ChunkOp::kMax>(r, stream);
+    launch<T, Out, ChunkOp::kMax>(r, stream);
+  }
+}
+
+/// A 16-bit dtype's sources, into outputs of their own dtype or fp32.
+template <typename T>
+void launch_16_bit(const ChunkReduction& r, cudaStream_t stream) {
+  if (r.output_dtype == ChunkDtype::kFloat) {
+    launch_op<T, float>(r, stream);
+  } else {
+    launch_op<T>(r, stream);
   }
 }
 
@@ -118,8 +134,8 @@ void reduce_chunk(const ChunkReduction& reduction, cudaStream_t stream) {
   if (reduction.numel == 0) return;
   switch (reduction.dtype) {
     case ChunkDtype::kFloat: launch_op<float>(reduction, stream); break;
-    case ChunkDtype::kBFloat16: launch_op<__nv_bfloat16>(reduction, stream); break;
-    case ChunkDtype::kHalf: launch_op<__half>(reduction, stream); break;
+    case ChunkDtype::kBFloat16: launch_16_bit<__nv_bfloat16>(reduction, stream); break;
+    case ChunkDtype::kHalf: launch_16_bit<__half>(reduction, stream); break;
   }
 }
 

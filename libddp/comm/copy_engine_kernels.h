@@ -22,7 +22,10 @@ struct ChunkReduction {
   int source_count = 0;
   void* outputs[2] = {nullptr, nullptr};  ///< The result goes to both (the second may be null).
   std::int64_t numel = 0;
-  ChunkDtype dtype = ChunkDtype::kFloat;
+  ChunkDtype dtype = ChunkDtype::kFloat;  ///< The sources'.
+  /// The outputs': the sources' own, or kFloat from a 16-bit dtype (a
+  /// reduce-scatter of bf16 gradients straight into an fp32 gradient shard).
+  ChunkDtype output_dtype = ChunkDtype::kFloat;
   ChunkOp op = ChunkOp::kSum;
   float scale = 1.0f;  ///< Applied after a sum: 1 / world size for an average.
 };

@@ -283,8 +283,9 @@ void CopyEngineReduction::all_reduce(const at::Tensor& tensor, ReduceOp op, cuda
       parts[owner] = {data + begin * element_size, (std::min(begin + chunk, offset + numel) - begin) * element_size};
     }
     push_parts(parts, stream);
-    reduce_own_part(parts[rank_].first, parts[rank_].first, /*share=*/true, parts[rank_].second / element_size,
-                    chunk_dtype(tensor.scalar_type()), op, stream);
+    const ChunkDtype dtype = chunk_dtype(tensor.scalar_type());
+    reduce_own_part(parts[rank_].first, parts[rank_].first, /*share=*/true, parts[rank_].second / element_size, dtype,
+                    dtype, op, stream);
     pull_parts(parts, stream);
   }
 }
@@ -292,6 +293,7 @@ void CopyEngineReduction::all_reduce(const at::Tensor& tensor, ReduceOp op, cuda
 void CopyEngineReduction::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
                                          cudaStream_t stream) {
   const std::int64_t element_size = input.element_size();
+  const std::int64_t output_element_size = output.element_size();
   const std::int64_t numel = output.numel();
   const std::int64_t piece = kSlotBytes / element_size;
   char* in = static_cast<char*>(input.data_ptr());
@@ -303,8 +305,8 @@ void CopyEngineReduction::reduce_scatter(const at::Tensor& output, const at::Ten
       parts[owner] = {in + (owner * numel + offset) * element_size, length * element_size};
     }
     push_parts(parts, stream);
-    reduce_own_part(parts[rank_].first, out + offset * element_size, /*share=*/false, length,
-                    chunk_dtype(input.scalar_type()), op, stream);
+    reduce_own_part(parts[rank_].first, out + offset * output_element_size, /*share=*/false, length,
+                    chunk_dtype(input.scalar_type()), chunk_dtype(output.scalar_type()), op, stream);
   }
 }
 
@@ -338,7 +340,7 @@ void CopyEngineReduction::push_parts(const Parts& parts, cudaStream_t stream) {
 }
 
 void CopyEngineReduction::reduce_own_part(const char* own, char* output, bool share, std::int64_t numel,
-                                          ChunkDtype dtype, ReduceOp op, cudaStream_t stream) {
+                                          ChunkDtype dtype, ChunkDtype output_dtype, ReduceOp op, cudaStream_t stream) {
   for (const int peer : peers_) {
     take(stream, flag(rank_, kPushed, peer));
     if (share) take(stream, flag(rank_, kResultPulled, peer));  // our result area is free again
@@ -352,6 +354,7 @@ void CopyEngineReduction::reduce_own_part(const char* own, char* output, bool sh
   reduction.outputs[1] = share ? result(rank_) : nullptr;
   reduction.numel = numel;
   reduction.dtype = dtype;
+  reduction.output_dtype = output_dtype;
   reduction.op = op == ReduceOp::kMax ? ChunkOp::kMax : ChunkOp::kSum;
   reduction.scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(world_size_) : 1.0f;
   reduce_chunk(reduction, stream);

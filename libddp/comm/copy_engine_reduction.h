@@ -77,8 +77,9 @@ class CopyEngineReduction {
   void all_reduce(const at::Tensor& tensor, ReduceOp op, cudaStream_t stream);
   /// Communicator::reduce_scatter's contract: this rank's part of the
   /// reduction of every rank's `input` into `output` (which may be that part
-  /// of `input`). Only the push and one reduction of a part: no SM work
-  /// beyond it, half an all-reduce's traffic.
+  /// of `input`, or fp32 from a 16-bit input: the reduction writes it
+  /// directly). Only the push and one reduction of a part: no SM work beyond
+  /// it, half an all-reduce's traffic.
   void reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op, cudaStream_t stream);
   /// Communicator::all_gather's contract (in place when `input` is this
   /// rank's part of `output`): copies only, no kernel at all.
@@ -125,10 +126,11 @@ class CopyEngineReduction {
   static std::vector<int> peer_order(int rank, int world_size);
   /// Each peer's part into its slot for us, once it has reduced our previous push.
   void push_parts(const Parts& parts, cudaStream_t stream);
-  /// Our part reduced with the copies the peers pushed, into `output`; with
-  /// `share`, also into our result area for the peers to pull (pull_parts).
-  void reduce_own_part(const char* own, char* output, bool share, std::int64_t numel, ChunkDtype dtype, ReduceOp op,
-                       cudaStream_t stream);
+  /// Our part reduced with the copies the peers pushed, into `output` (of
+  /// `output_dtype`: `dtype`, or fp32); with `share`, also into our result
+  /// area for the peers to pull (pull_parts), then in `dtype` alone.
+  void reduce_own_part(const char* own, char* output, bool share, std::int64_t numel, ChunkDtype dtype,
+                       ChunkDtype output_dtype, ReduceOp op, cudaStream_t stream);
   /// Each peer's result area into its part of `parts`.
   void pull_parts(const Parts& parts, cudaStream_t stream);
 

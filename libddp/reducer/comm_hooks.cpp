@@ -17,7 +17,11 @@ std::function<void()> average_over_wire(Communicator& comm, const GradBucket& bu
   at::Tensor reduced = wire;
   std::shared_ptr<Work> work;
   if (bucket.shard.defined()) {
-    reduced = wire.scalar_type() == result.scalar_type() ? result : at::empty({result.numel()}, wire.options());
+    // A 16-bit wire reduce-scatters straight into an fp32 shard (bf16 units'
+    // gradients, or average_in(bf16) of fp32 ones): no second pass over it.
+    const bool into_shard =
+        wire.scalar_type() == result.scalar_type() || (result.scalar_type() == at::kFloat && wire.element_size() == 2);
+    reduced = into_shard ? result : at::empty({result.numel()}, wire.options());
     work = comm.reduce_scatter(reduced, wire, ReduceOp::kAvg);
   } else {
     work = comm.all_reduce(wire, ReduceOp::kAvg);

@@ -72,6 +72,7 @@ TEST_P(GlooCollectives, ReduceScatter) {
     }
     check_reduce_scatter(pg->communicator(), at::kLong, 1000, ddp::ReduceOp::kMax);
     check_reduce_scatter(pg->communicator(), at::kFloat, 1 << 20, ddp::ReduceOp::kAvg);
+    check_reduce_scatter(pg->communicator(), at::kBFloat16, 1000, ddp::ReduceOp::kAvg, at::kFloat);
     check_all_gather_in_place(pg->communicator(), 1000);
   }));
 }

@@ -56,6 +56,8 @@ TEST(NcclCollectives, BroadcastAllGatherBarrier) {
         check_reduce_scatter(comm, dtype, numel, ddp::ReduceOp::kAvg);
       }
     }
+    check_reduce_scatter(comm, at::kBFloat16, 1 << 20, ddp::ReduceOp::kAvg, at::kFloat);
+    check_reduce_scatter(comm, at::kHalf, 1000, ddp::ReduceOp::kSum, at::kFloat);
     check_reduce_scatter(comm, at::kFloat, 1000, ddp::ReduceOp::kSum);
     check_reduce_scatter(comm, at::kLong, 1000, ddp::ReduceOp::kMax);
     check_all_gather_in_place(comm, 1 << 20);
@@ -184,6 +186,14 @@ TEST(CopyEngineReductions, CollectivesMatchAndOnlyTheSmallOnesReachNccl) {
             check_reduce_scatter(comm, dtype, numel, ddp::ReduceOp::kAvg);
             check_all_gather(comm, dtype, numel);
             small += 2 * numel * static_cast<std::int64_t>(c10::elementSize(dtype)) < (512 << 10) ? 3 : 0;
+          }
+        }
+        // 16-bit gradients reduce-scattered into fp32 shards: the add writes fp32 (the tail of
+        // 9,000,007 one element at a time), and the small one widens after NCCL's.
+        for (auto dtype : {at::kBFloat16, at::kHalf}) {
+          for (std::int64_t numel : {1000, 1 << 20, 9'000'007}) {
+            check_reduce_scatter(comm, dtype, numel, ddp::ReduceOp::kAvg, at::kFloat);
+            small += 2 * numel * static_cast<std::int64_t>(c10::elementSize(dtype)) < (512 << 10);
           }
         }
         check_all_gather_in_place(comm, 1 << 20);

@@ -71,7 +71,8 @@ void check_all_gather(Communicator& comm, c10::ScalarType dtype, std::int64_t nu
   require_close(output, at::cat(parts), dtype, "all_gather of " + name_of(dtype, numel));
 }
 
-void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op) {
+void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op,
+                          c10::ScalarType output_dtype) {
   const double rank = comm.rank();
   const double world = comm.world_size();
   const auto options = at::TensorOptions().dtype(dtype).device(comm.device());
@@ -82,6 +83,12 @@ void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_
   const std::string what = "reduce_scatter " + to_string(op) + " of " + name_of(dtype, numel);
 
   at::Tensor input = (index + rank + 1).to(options);
+  if (output_dtype != c10::ScalarType::Undefined && output_dtype != dtype) {
+    at::Tensor output = at::full({numel}, -1.0, options.dtype(output_dtype));
+    comm.reduce_scatter(output, input, op)->wait();
+    require_close(output, expected, output_dtype, what + " into " + c10::toString(output_dtype));
+    return;
+  }
   at::Tensor output = at::full({numel}, -1.0, options);
   comm.reduce_scatter(output, input, op)->wait();
   require_close(output, expected, dtype, what);
@@ -142,6 +149,10 @@ void check_usage_errors(Communicator& comm) {
     comm.reduce_scatter(at::ones({1}, options.dtype(at::kInt)), at::ones({comm.world_size()}, options.dtype(at::kInt)),
                         ReduceOp::kAvg);
   }, "avg needs a floating");
+  // Only 16 bits into fp32 may change the dtype, not fp32 into 16 bits.
+  refused(
+      [&] { comm.reduce_scatter(at::ones({1}, options.dtype(at::kBFloat16)), at::ones({comm.world_size()}, options)); },
+      "elements of BFloat16, got");
   refused([&] { comm.broadcast(at::ones({2}, options), comm.world_size()); }, "not a rank");
   refused([&] { comm.all_reduce(at::Tensor()); }, "undefined");
   // Refused calls issue nothing: the ranks are still in step.

@@ -20,8 +20,11 @@ void check_all_reduce(Communicator& comm, c10::ScalarType dtype, std::int64_t nu
 void check_broadcast(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, int root);
 void check_all_gather(Communicator& comm, c10::ScalarType dtype, std::int64_t numel);
 /// Rank r contributes (i % 17) + r + 1 at element i of world_size x numel;
-/// each rank checks its part of the reduction, into a tensor of its own and in place.
-void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op);
+/// each rank checks its part of the reduction, into a tensor of its own and in
+/// place; with an `output_dtype` other than `dtype` (fp32 from 16 bits), into
+/// a tensor of that dtype only, to its precision (every value is exact in 16 bits).
+void check_reduce_scatter(Communicator& comm, c10::ScalarType dtype, std::int64_t numel, ReduceOp op,
+                          c10::ScalarType output_dtype = c10::ScalarType::Undefined);
 /// all_gather whose input is this rank's part of the output.
 void check_all_gather_in_place(Communicator& comm, std::int64_t numel);
 /// Several collectives in flight at once, waited for in reverse order.
