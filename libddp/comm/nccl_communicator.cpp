@@ -182,22 +182,17 @@ class NcclCommunicator final : public CommunicatorBase {
           {output, input}, [&](cudaStream_t stream) { copy_engine_->reduce_scatter(output, input, op, stream); });
     }
 #endif
-    if (output.scalar_type() != input.scalar_type()) {
-      // NCCL reduces in one dtype: into a part in the input's, widened on our stream.
-      const at::Tensor part = at::empty({output.numel()}, input.options());
-      return launch({output, input, part}, "ncclReduceScatter", [&](cudaStream_t stream) {
-        const ncclResult_t result = ncclReduceScatter(input.data_ptr(), part.data_ptr(), part.numel(),
-                                                      to_nccl(input.scalar_type()), to_nccl(op), comm_, stream);
-        if (result == ncclSuccess) {
-          const c10::cuda::CUDAStreamGuard on_our_stream(stream_);
-          output.view({-1}).copy_(part);
-        }
-        return result;
-      });
-    }
-    return launch({output, input}, "ncclReduceScatter", [&](cudaStream_t stream) {
-      return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), to_nccl(input.scalar_type()),
-                               to_nccl(op), comm_, stream);
+    // NCCL reduces in one dtype: a wider output takes a part in the input's, widened on our stream.
+    const bool widens = output.scalar_type() != input.scalar_type();
+    const at::Tensor reduced = widens ? at::empty({output.numel()}, input.options()) : output;
+    return launch({output, input, reduced}, "ncclReduceScatter", [&](cudaStream_t stream) {
+      const ncclResult_t result = ncclReduceScatter(input.data_ptr(), reduced.data_ptr(), reduced.numel(),
+                                                    to_nccl(input.scalar_type()), to_nccl(op), comm_, stream);
+      if (result == ncclSuccess && widens) {
+        const c10::cuda::CUDAStreamGuard on_our_stream(stream_);
+        output.view({-1}).copy_(reduced);
+      }
+      return result;
     });
   }
 

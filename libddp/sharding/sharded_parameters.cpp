@@ -328,12 +328,13 @@ std::int64_t ShardedParameters::gradient_shard_bytes() const {
 }
 
 std::int64_t ShardedParameters::converted_gradient_bytes() const {
+  if (gradient_shards_) return 0;
   std::int64_t bytes = 0;
   for (const auto& fragment : fragments_) {
     if (fragment.value.scalar_type() == parameters_[fragment.parameter].scalar_type()) continue;
     bytes += fragment.value.numel() * fragment.value.element_size();
   }
-  return gradient_shards_ ? 0 : bytes;
+  return bytes;
 }
 
 std::int64_t ShardedParameters::trained_elements() const {
