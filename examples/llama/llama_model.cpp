@@ -224,8 +224,14 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rot
   // Repeated heads cost a copy of k and v per block and, in backward, the sums
   // of their gradients: 3.1 ms of a LLaMA-1.1B bf16 step's 121.6 ms of GPU
   // time on an H200 (profile of 2026-11-24). Grouped, the attention kernel
-  // reads each key/value head once for its group.
-  if (n_kv_heads != n_heads && (repeat_kv_heads || !LLAMA_SDPA_GROUPS_HEADS)) {
+  // reads each key/value head once for its group. But on CUDA only the flash
+  // kernel, 16-bit only, takes grouped heads: an fp32 (or tf32) call falls to
+  // the math kernel, which keeps each block's [batch, heads, seq, seq] weights
+  // for backward (2 GiB a block for LLaMA-1.1B, out of memory on 80 GB), so
+  // fp32 repeats the heads for the memory-efficient kernel.
+  const bool sdpa_takes_groups =
+      LLAMA_SDPA_GROUPS_HEADS && !repeat_kv_heads && !(q.is_cuda() && q.scalar_type() == torch::kFloat);
+  if (n_kv_heads != n_heads && !sdpa_takes_groups) {
     // Key/value head j serves query heads [j * group, (j + 1) * group).
     const std::int64_t group = n_heads / n_kv_heads;
     k = k.repeat_interleave(group, /*dim=*/1);

@@ -42,7 +42,8 @@ struct LlamaConfig {
   /// Grouped-query attention by repeating each key/value head for its query
   /// heads (repeat_interleave, as Meta's reference and PyTorch's benchmark
   /// model do) instead of handing SDPA the grouped heads (enable_gqa, LibTorch
-  /// 2.5 and newer; older ones always repeat).
+  /// 2.5 and newer; older ones always repeat, and so does fp32 on CUDA, where
+  /// only SDPA's math kernel would take grouped heads).
   bool repeat_kv_heads = false;
   /// With fused_kernels, each residual add runs in the kernel of the RMSNorm
   /// that reads its sum (ops::add_rms_norm; without activation checkpointing

@@ -21,6 +21,7 @@
 
 #include <ddp/ddp.h>
 
+#include "fatal_error.h"
 #include "flags.h"
 #include "llama_model.h"
 #include "llama_training.h"
@@ -235,10 +236,6 @@ int main(int argc, char** argv) try {
   examples::Trainer trainer(process_group, policy, *optimizer, options);
   trainer.run(callbacks);
   return 0;
-} catch (const ddp::UsageError& e) {
-  std::fprintf(stderr, "train_llama: error: %s\n", e.what());
-  return 2;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "train_llama: error: %s\n", e.what());
-  return 1;
+  return examples::report_fatal_error("train_llama", e);
 }

@@ -19,6 +19,7 @@
 #include <ddp/ddp.h>
 
 #include "images.h"
+#include "fatal_error.h"
 #include "flags.h"
 #include "resnet.h"
 #include "resnet_training.h"
@@ -187,10 +188,6 @@ int main(int argc, char** argv) try {
   examples::Trainer trainer(process_group, policy, *optimizer, options);
   trainer.run(callbacks);
   return 0;
-} catch (const ddp::UsageError& e) {
-  std::fprintf(stderr, "train_resnet50: error: %s\n", e.what());
-  return 2;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "train_resnet50: error: %s\n", e.what());
-  return 1;
+  return examples::report_fatal_error("train_resnet50", e);
 }

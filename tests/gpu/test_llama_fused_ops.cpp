@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -257,6 +258,36 @@ TEST(LlamaFusedOps, BehaveUnderAutogradAsTheAtenOps) {
     EXPECT_NE(message.find("cannot be differentiated again"), std::string::npos)
         << name << " under create_graph: " << (message.empty() ? "no error" : message);
   }
+}
+
+/// SDPA on CUDA takes grouped key/value heads only in its flash kernel (16-bit)
+/// and its math kernel, which keeps every block's [batch, heads, seq, seq]
+/// attention weights for backward. An fp32 decoder with grouped heads must
+/// still train in the memory of the memory-efficient kernel: 2 blocks of 32
+/// heads over 2,048 tokens would keep 512 MiB of weights each.
+TEST(LlamaFusedOps, Fp32GroupedHeadsKeepNoSequenceBySequenceWeights) {
+  llama::LlamaConfig config = llama::LlamaConfig::preset("tiny");
+  config.dim = 256;
+  config.n_heads = 32;
+  config.n_kv_heads = 4;
+  config.ffn_hidden = 704;
+  config.max_seq_len = 2048;
+  torch::manual_seed(5);
+  llama::Llama model(config);
+  model->to(kGpu);
+  const auto tokens = torch::randint(config.vocab_size, {1, config.max_seq_len},
+                                     torch::TensorOptions().device(kGpu).dtype(torch::kLong));
+  torch::cuda::synchronize();
+  const std::int64_t before = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  const torch::Tensor logits = model(tokens);
+  llama::ops::cross_entropy(logits.flatten(0, 1), tokens.flatten(), /*fused=*/true).backward();
+  torch::cuda::synchronize();
+  const std::int64_t step_bytes = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak - before;
+  const std::int64_t weights_bytes = config.n_heads * config.max_seq_len * config.max_seq_len * 4;
+  std::printf("fp32 step over %lld tokens: %.1f MiB above the model, one block's attention weights %.1f MiB\n",
+              static_cast<long long>(config.max_seq_len), step_bytes / 1048576.0, weights_bytes / 1048576.0);
+  EXPECT_LT(step_bytes, weights_bytes / 2);
 }
 
 /// The whole decoder, fused against unfused, in bf16: logits, loss and every
