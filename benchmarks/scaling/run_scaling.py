@@ -89,8 +89,13 @@ def parse_args():
                         help="libddp's rows move the gradient buckets between the GPUs with the copy engines "
                              "(scaling_bench --copy-engine-reductions); PyTorch's side keeps NCCL")
     parser.add_argument("--sharding", choices=("none", "optimizer", "gradients"), default="none",
-                        help="libddp's sharding mode (scaling_bench --sharding): optimizer is ZeRO-1, gradients "
-                             "ZeRO-2; PyTorch's side stays plain DDP")
+                        help="libddp's sharding mode at more than one GPU (scaling_bench --sharding): optimizer is "
+                             "ZeRO-1, gradients ZeRO-2; PyTorch's side stays plain DDP. libddp's one-GPU rows stay "
+                             "plain: sharding one rank only adds work, so the efficiency is measured against the "
+                             "fastest one-GPU step")
+    parser.add_argument("--param-dtype", choices=("fp32", "bf16"), default="fp32",
+                        help="with --sharding: bf16 keeps LLaMA's parameters in bf16 and an fp32 master shard "
+                             "per rank (scaling_bench --param-dtype, DeepSpeed's bf16 mode); ResNet-50 stays fp32")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -105,6 +110,9 @@ def parse_args():
     graphs = [impl for impl in ("libddp-graph", "pytorch-compile-graphs") if impl in args.impls]
     if args.device == "cpu" and graphs:
         parser.error(f"--impls {','.join(graphs)} record the step into CUDA graphs: they need --device cuda")
+    if args.param_dtype != "fp32" and args.sharding == "none":
+        parser.error(f"--param-dtype {args.param_dtype} keeps an fp32 master shard per rank: it needs --sharding "
+                     "optimizer or gradients")
     args.precisions = split(args.precisions, ("fp32", "tf32", "bf16", "fp8"), "--precisions") if args.precisions else None
     args.steps = args.steps or (3 if args.quick else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 10)
@@ -212,7 +220,10 @@ def command_for(impl, model, precision, gpus, args, json_path):
             bench_args.append("--unfused")
         if precision == "fp8" and args.fp8_fast_accum:
             bench_args.append("--fp8-fast-accum")
-        bench_args += ["--sharding", args.sharding]
+        if gpus > 1:
+            bench_args += ["--sharding", args.sharding]
+            if model == "llama":  # ResNet-50's blocks are no units, so it has no bf16 units to keep
+                bench_args += ["--param-dtype", args.param_dtype]
         if args.copy_engine_reductions:
             bench_args.append("--copy-engine-reductions")
         if impl == "libddp-graph":
@@ -401,8 +412,12 @@ def markdown(report, args):
         if args.fp8_fast_accum and any(r["precision"] == "fp8" for r in rows):
             lines += ["The fp8 rows used cuBLAS fast accumulation in the forward matmuls (`--fp8-fast-accum`).", ""]
         if args.sharding != "none":
-            lines += [f"libddp ran with `--sharding {args.sharding}` (each rank steps its shard of the optimizer "
-                      "state; gradients reduce-scattered, parameters all-gathered); PyTorch with plain DDP.", ""]
+            units = (f", parameters in {args.param_dtype} with an fp32 master shard per rank (`--param-dtype "
+                     f"{args.param_dtype}`)" if args.param_dtype != "fp32" and model == "llama" else "")
+            lines += [f"libddp ran with `--sharding {args.sharding}` at more than one GPU (each rank steps its shard "
+                      f"of the optimizer state; gradients reduce-scattered, parameters all-gathered{units}) and "
+                      "plain at one GPU, so its efficiency is against its fastest one-GPU step; PyTorch with plain "
+                      "DDP.", ""]
         if args.copy_engine_reductions:
             lines += ["libddp's gradient buckets of 512 KiB and more moved between the GPUs on the copy engines "
                       "(`--copy-engine-reductions`), PyTorch's on NCCL.", ""]
