@@ -74,7 +74,10 @@ int main(int argc, char** argv) try {
       .add("seed", "0", "random seed (model, data order, augmentation)")
       .add("bn", "auto", resnet::kBatchNormPathHelp)
       .add_switch("sync-bn",
-                  "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), for small per-GPU batches");
+                  "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), for small per-GPU batches")
+      .add_switch("deterministic",
+                  "the same losses run after run on a GPU: cuDNN's deterministic algorithms, not autotuned (slower); "
+                  "what makes a resumed run checkable against an uninterrupted one");
   // lr 0.1 per 256 images is Goyal et al.'s rule; the default here assumes 2 x 128.
   // The captured step by default: ResNet-50's eager step launches ~1,500
   // kernels, and a replay takes a tenth of a millisecond to launch them all.
@@ -91,7 +94,11 @@ int main(int argc, char** argv) try {
   const std::int64_t batch = flags.integer("batch");
   const std::int64_t image_size = flags.integer("image-size");
   if (batch < 1 || image_size < 32) flags.fail("--batch must be >= 1 and --image-size >= 32");
-  at::globalContext().setBenchmarkCuDNN(true);
+  // Autotuning picks the fastest convolution algorithms, some of which sum
+  // with atomics in an order that changes from run to run.
+  const bool deterministic = flags.on("deterministic");
+  at::globalContext().setBenchmarkCuDNN(!deterministic);
+  at::globalContext().setDeterministicCuDNN(deterministic);
 
   auto options = examples::trainer_options(flags);
   // Data first: a real dataset fixes the number of classes.

@@ -14,6 +14,7 @@
 #include "ddprun_runner.h"
 #include "images.h"
 #include "metrics_log.h"
+#include "trainer_runs.h"
 
 namespace {
 
@@ -26,13 +27,9 @@ double mean_of(const std::map<int, double>& values, int first, int last) {
   return sum / (last - first + 1);
 }
 
-DdprunResult train(const std::string& program, std::vector<std::string> args, const ScratchDir& scratch,
-                   std::vector<std::string> launcher = {}) {
-  std::vector<std::string> command{"--nproc-per-node", "2", "--standalone"};
-  command.insert(command.end(), launcher.begin(), launcher.end());
-  command.push_back(program);
-  command.insert(command.end(), args.begin(), args.end());
-  return run_ddprun(command, scratch, {{"DDP_BACKEND", "gloo"}}, std::chrono::seconds(240));
+DdprunResult train(const std::string& program, const std::vector<std::string>& args, const ScratchDir& scratch,
+                   const std::vector<std::string>& launcher = {}) {
+  return examples::testing::run_trainer("2", {{"DDP_BACKEND", "gloo"}}, program, args, scratch, launcher);
 }
 
 const std::vector<std::string> kResnet{"--precision", "fp32", "--batch", "8", "--image-size", "64", "--classes",
@@ -46,33 +43,10 @@ std::vector<std::string> with(std::vector<std::string> base, const std::vector<s
   return base;
 }
 
-/// Runs `steps` steps straight, then the same run killed after `fail_at`
-/// (checkpoints every `every` steps) and restarted by ddprun: every step's
-/// loss must come out the same. `note`: a line the straight run must print.
+/// The exact-resume check (exact_resume.h) on 2 Gloo ranks.
 void expect_exact_resume(const std::string& program, const std::vector<std::string>& base, int steps, int fail_at,
                          int every, const std::string& note = "") {
-  ScratchDir scratch;
-  const std::string straight = scratch.path() + "/straight.jsonl";
-  const std::string resumed = scratch.path() + "/resumed.jsonl";
-  const auto run_straight = train(program, with(base, {"--steps", std::to_string(steps), "--metrics", straight}), scratch);
-  ASSERT_EQ(run_straight.exit_code, 0) << run_straight.output;
-  ASSERT_NE(run_straight.output.find(note), std::string::npos) << run_straight.output;
-  const auto run_resumed =
-      train(program,
-            with(base, {"--steps", std::to_string(steps), "--metrics", resumed, "--checkpoint",
-                        scratch.path() + "/ckpt.pt", "--checkpoint-every", std::to_string(every), "--resume",
-                        "--fail-at-step", std::to_string(fail_at)}),
-            scratch, {"--max-restarts", "1"});
-  ASSERT_EQ(run_resumed.exit_code, 0) << run_resumed.output;
-  ASSERT_NE(run_resumed.output.find("aborting to test the restart"), std::string::npos) << run_resumed.output;
-  ASSERT_NE(run_resumed.output.find("resumed from"), std::string::npos) << run_resumed.output;
-  const auto expected = losses(straight);
-  const auto actual = losses(resumed);
-  ASSERT_EQ(expected.size(), static_cast<size_t>(steps));
-  ASSERT_EQ(actual.size(), static_cast<size_t>(steps));
-  for (const auto& [step, loss] : expected) {
-    EXPECT_NEAR(actual.at(step), loss, 1e-5 * std::max(1.0, std::abs(loss))) << "step " << step;
-  }
+  examples::testing::expect_exact_resume(train, program, base, steps, fail_at, every, note);
 }
 
 TEST(ResNet50Example, TrainsAndTheLossFalls) {
@@ -108,8 +82,8 @@ TEST(ResNet50Example, AnEpochsUnevenTailIsTrainedUnderJoinAndResumesExactly) {
 // Sharded checkpoints: one file per rank and a manifest; BatchNorm's buffers
 // travel in the manifest. With --sync-bn (statistics over both ranks' batches).
 TEST(ResNet50Example, AKilledSyncBatchNormRunResumesExactlyFromAShardedCheckpoint) {
-  expect_exact_resume(TRAIN_RESNET50, with(kResnet, {"--checkpoint-format", "sharded", "--sync-bn"}), 6, 3, 2,
-                      "per rank, SyncBatchNorm");
+  expect_exact_resume(TRAIN_RESNET50, with(kResnet, {"--checkpoint-format", "sharded", "--sync-bn", "--deterministic"}),
+                      6, 3, 2, "per rank, SyncBatchNorm");
 }
 
 TEST(LlamaExample, TrainsOnSyntheticTokens) {

@@ -260,18 +260,25 @@ TEST(LlamaFusedOps, BehaveUnderAutogradAsTheAtenOps) {
   }
 }
 
+/// The tiny preset widened to dim 256 (FFN 704), with `heads` query and
+/// `kv_heads` key/value heads over sequences of `seq` tokens.
+llama::LlamaConfig small_decoder(std::int64_t heads, std::int64_t kv_heads, std::int64_t seq) {
+  llama::LlamaConfig config = llama::LlamaConfig::preset("tiny");
+  config.dim = 256;
+  config.n_heads = heads;
+  config.n_kv_heads = kv_heads;
+  config.ffn_hidden = 704;
+  config.max_seq_len = seq;
+  return config;
+}
+
 /// SDPA on CUDA takes grouped key/value heads only in its flash kernel (16-bit)
 /// and its math kernel, which keeps every block's [batch, heads, seq, seq]
 /// attention weights for backward. An fp32 decoder with grouped heads must
 /// still train in the memory of the memory-efficient kernel: 2 blocks of 32
 /// heads over 2,048 tokens would keep 512 MiB of weights each.
 TEST(LlamaFusedOps, Fp32GroupedHeadsKeepNoSequenceBySequenceWeights) {
-  llama::LlamaConfig config = llama::LlamaConfig::preset("tiny");
-  config.dim = 256;
-  config.n_heads = 32;
-  config.n_kv_heads = 4;
-  config.ffn_hidden = 704;
-  config.max_seq_len = 2048;
+  const llama::LlamaConfig config = small_decoder(/*heads=*/32, /*kv_heads=*/4, /*seq=*/2048);
   torch::manual_seed(5);
   llama::Llama model(config);
   model->to(kGpu);
@@ -293,12 +300,7 @@ TEST(LlamaFusedOps, Fp32GroupedHeadsKeepNoSequenceBySequenceWeights) {
 /// The whole decoder, fused against unfused, in bf16: logits, loss and every
 /// parameter's gradient.
 TEST(LlamaFusedOps, DecoderMatchesTheAtenDecoderUnderBf16) {
-  llama::LlamaConfig config = llama::LlamaConfig::preset("tiny");
-  config.dim = 256;
-  config.n_heads = 4;
-  config.n_kv_heads = 2;
-  config.ffn_hidden = 704;
-  config.max_seq_len = 128;
+  llama::LlamaConfig config = small_decoder(/*heads=*/4, /*kv_heads=*/2, /*seq=*/128);
   torch::manual_seed(5);
   const auto tokens =
       torch::randint(config.vocab_size, {4, 128}, torch::TensorOptions().device(kGpu).dtype(torch::kLong));
