@@ -406,9 +406,10 @@ def markdown(report, args):
             lines += [f"libddp ran {ops} as the same ATen ops as PyTorch (this device or build has no fused "
                       "kernels).", ""]
         if any(r.get("repeat_kv_heads") is False for r in rows if r["impl"] in ("libddp", "libddp-graph")):
-            lines += ["libddp's attention hands SDPA the grouped key/value heads (`enable_gqa`), where PyTorch's "
-                      "reference model repeats them (`repeat_interleave`) as Meta's does; the unfused rows repeat "
-                      "them too.", ""]
+            lines += ["libddp's attention hands SDPA the grouped key/value heads (`enable_gqa`) in bf16 and fp8, "
+                      "where PyTorch's reference model repeats them (`repeat_interleave`) as Meta's does; the unfused "
+                      "rows repeat them too, and so do fp32 and tf32 on a GPU, where only SDPA's math kernel would "
+                      "take grouped heads.", ""]
         if args.fp8_fast_accum and any(r["precision"] == "fp8" for r in rows):
             lines += ["The fp8 rows used cuBLAS fast accumulation in the forward matmuls (`--fp8-fast-accum`).", ""]
         if args.sharding != "none":
