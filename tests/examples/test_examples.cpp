@@ -20,6 +20,7 @@ namespace {
 
 using namespace ddp::launcher::testing;
 using examples::testing::losses;
+using examples::testing::with;
 
 double mean_of(const std::map<int, double>& values, int first, int last) {
   double sum = 0;
@@ -38,12 +39,7 @@ const std::vector<std::string> kResnet{"--precision", "fp32", "--batch", "8", "-
 const std::vector<std::string> kLlama{"--preset", "tiny", "--precision", "fp32", "--batch", "8", "--warmup", "5",
                                       "--lr", "3e-3", "--eval-batches", "2", "--log-every", "1"};
 
-std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
-  base.insert(base.end(), more.begin(), more.end());
-  return base;
-}
-
-/// The exact-resume check (exact_resume.h) on 2 Gloo ranks.
+/// The exact-resume check (trainer_runs.h) on 2 Gloo ranks.
 void expect_exact_resume(const std::string& program, const std::vector<std::string>& base, int steps, int fail_at,
                          int every, const std::string& note = "") {
   examples::testing::expect_exact_resume(train, program, base, steps, fail_at, every, note);

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -45,15 +44,14 @@ std::vector<std::map<int, double>> eager_and_captured_losses(const std::string& 
   std::vector<std::map<int, double>> runs;
   for (const bool cuda_graph : {false, true}) {
     const std::string metrics = scratch.path() + (cuda_graph ? "/graph.jsonl" : "/eager.jsonl");
-    std::vector<std::string> command{"--nproc-per-node", "1", "--standalone", program};
-    command.insert(command.end(), args.begin(), args.end());
-    command.insert(command.end(), {"--steps", std::to_string(steps), "--log-every", "1", "--metrics", metrics});
+    std::vector<std::string> run_args = args;
+    run_args.insert(run_args.end(), {"--steps", std::to_string(steps), "--log-every", "1", "--metrics", metrics});
     if (cuda_graph) {
-      command.insert(command.end(), captured_flags.begin(), captured_flags.end());
+      run_args.insert(run_args.end(), captured_flags.begin(), captured_flags.end());
     } else {
-      command.insert(command.end(), {"--cuda-graph", "off"});
+      run_args.insert(run_args.end(), {"--cuda-graph", "off"});
     }
-    const auto result = run_ddprun(command, scratch, {}, std::chrono::seconds(240));
+    const auto result = examples::testing::run_trainer("1", {}, program, run_args, scratch);
     EXPECT_EQ(result.exit_code, 0) << result.output;
     if (cuda_graph) {
       EXPECT_NE(result.output.find("recorded into a CUDA graph"), std::string::npos) << result.output;

@@ -33,6 +33,12 @@ inline ddp::launcher::testing::DdprunResult run_trainer(const std::string& nproc
   return ddp::launcher::testing::run_ddprun(command, scratch, env, std::chrono::seconds(240));
 }
 
+/// `base` followed by `more`: a trainer's flags with a run's own.
+inline std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
 /// Starts `program` with `args` under ddprun, `launcher` being ddprun's own
 /// flags (before the program); returns what ddprun returned.
 using LaunchTrainer = std::function<ddp::launcher::testing::DdprunResult(
@@ -48,19 +54,15 @@ inline void expect_exact_resume(const LaunchTrainer& launch, const std::string& 
   const ddp::launcher::testing::ScratchDir scratch;
   const std::string straight = scratch.path() + "/straight.jsonl";
   const std::string resumed = scratch.path() + "/resumed.jsonl";
-  const auto with = [&](std::vector<std::string> more) {
-    more.insert(more.begin(), base.begin(), base.end());
-    return more;
-  };
   const auto run_straight =
-      launch(program, with({"--steps", std::to_string(steps), "--metrics", straight}), scratch, {});
+      launch(program, with(base, {"--steps", std::to_string(steps), "--metrics", straight}), scratch, {});
   ASSERT_EQ(run_straight.exit_code, 0) << run_straight.output;
   ASSERT_NE(run_straight.output.find(note), std::string::npos) << run_straight.output;
-  const auto run_resumed =
-      launch(program,
-             with({"--steps", std::to_string(steps), "--metrics", resumed, "--checkpoint", scratch.path() + "/ckpt.pt",
-                   "--checkpoint-every", std::to_string(every), "--resume", "--fail-at-step", std::to_string(fail_at)}),
-             scratch, {"--max-restarts", "1"});
+  const auto run_resumed = launch(
+      program,
+      with(base, {"--steps", std::to_string(steps), "--metrics", resumed, "--checkpoint", scratch.path() + "/ckpt.pt",
+                  "--checkpoint-every", std::to_string(every), "--resume", "--fail-at-step", std::to_string(fail_at)}),
+      scratch, {"--max-restarts", "1"});
   ASSERT_EQ(run_resumed.exit_code, 0) << run_resumed.output;
   ASSERT_NE(run_resumed.output.find("aborting to test the restart"), std::string::npos) << run_resumed.output;
   ASSERT_NE(run_resumed.output.find("resumed from"), std::string::npos) << run_resumed.output;
