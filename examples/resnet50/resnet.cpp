@@ -21,18 +21,38 @@ torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::Pro
   return torch::nn::AnyModule(torch::nn::BatchNorm2d(channels));
 }
 
+namespace {
+
+/// Layer `bn` (BatchNorm2d or SyncBatchNorm, which share their members) in
+/// training through ddp::fused_batch_norm, if its momentum is a number (kAten:
+/// the module's own ops, then add and ReLU).
+template <typename Norm>
+bool fuse(Norm& bn, const torch::Tensor& x, const torch::Tensor& residual, bool relu, ddp::FusedBatchNormPath path,
+          const std::shared_ptr<ddp::ProcessGroup>& sync_group, torch::Tensor& y) {
+  if (!bn.is_training() || !bn.options.track_running_stats() || !bn.options.momentum().has_value()) return false;
+  bn.num_batches_tracked += 1;  // as the module's own forward counts them
+  y = ddp::fused_batch_norm(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, residual,
+                            ddp::FusedBatchNormOptions()
+                                .momentum(bn.options.momentum().value())
+                                .eps(bn.options.eps())
+                                .relu(relu)
+                                .path(path)
+                                .process_group(sync_group));
+  return true;
+}
+
+}  // namespace
+
 torch::Tensor normalize(torch::nn::AnyModule& norm, const torch::Tensor& x, const torch::Tensor& residual, bool relu,
                         ddp::FusedBatchNormPath path) {
-  auto* plain = norm.ptr()->as<torch::nn::BatchNorm2d>();
-  if (path != ddp::FusedBatchNormPath::kAten && plain != nullptr && plain->is_training() &&
-      plain->options.track_running_stats() && plain->options.momentum().has_value()) {
-    plain->num_batches_tracked += 1;  // as BatchNorm2d's own forward counts them
-    return ddp::fused_batch_norm(x, plain->weight, plain->bias, plain->running_mean, plain->running_var, residual,
-                                 ddp::FusedBatchNormOptions()
-                                     .momentum(plain->options.momentum().value())
-                                     .eps(plain->options.eps())
-                                     .relu(relu)
-                                     .path(path));
+  torch::Tensor fused;
+  if (auto* plain = norm.ptr()->as<torch::nn::BatchNorm2d>();
+      plain && fuse(*plain, x, residual, relu, path, {}, fused)) {
+    return fused;
+  }
+  if (auto* sync = norm.ptr()->as<ddp::SyncBatchNorm>();
+      sync && fuse(*sync, x, residual, relu, path, sync->group(), fused)) {
+    return fused;
   }
   torch::Tensor y = norm.forward(x);
   if (residual.defined()) y = y + residual;

@@ -16,10 +16,10 @@ namespace resnet {
 /// ddp::SyncBatchNorm over its ranks (--sync-bn). Same parameter names.
 torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::ProcessGroup>& sync_group);
 
-/// relu?(norm(x) + residual?): a BatchNorm2d in training goes through
-/// ddp::fused_batch_norm on `path` (fused kernels on CUDA, ATen's ops
-/// elsewhere) unless `path` is kAten; anything else runs as the module, then
-/// add and ReLU.
+/// relu?(norm(x) + residual?): a BatchNorm2d or SyncBatchNorm (with its
+/// group) in training goes through ddp::fused_batch_norm on `path` (fused
+/// kernels on CUDA, ATen's ops elsewhere and for kAten); anything else runs
+/// as the module, then add and ReLU.
 torch::Tensor normalize(torch::nn::AnyModule& norm, const torch::Tensor& x, const torch::Tensor& residual, bool relu,
                         ddp::FusedBatchNormPath path);
 

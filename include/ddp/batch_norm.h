@@ -1,5 +1,7 @@
 #pragma once
 
+#include <memory>
+
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
@@ -7,12 +9,15 @@
 
 namespace ddp {
 
+class ProcessGroup;
+
 /// Which kernels fused_batch_norm runs on CUDA.
 enum class FusedBatchNormPath {
   /// cuDNN's where cuDNN runs the configuration, else libddp's, else ATen's ops.
   kAuto,
   /// cuDNN's fused NHWC BatchNorm + add + ReLU (its persistent kernels keep
-  /// the activations on chip between statistics and normalisation), else ATen's ops.
+  /// the activations on chip between statistics and normalisation), else
+  /// ATen's ops; those also where the statistics are synchronised.
   kCudnn,
   /// libddp's own kernels (Welford statistics; two passes each way), else ATen's ops.
   kLibddp,
@@ -32,6 +37,10 @@ struct DDP_API FusedBatchNormOptions {
   TORCH_ARG(bool, relu) = true;
   /// Which kernels run it on CUDA.
   TORCH_ARG(FusedBatchNormPath, path) = FusedBatchNormPath::kAuto;
+  /// In training, the statistics of every rank's batch in this group, as
+  /// ddp::sync_batch_norm computes them (every rank calls, in the same order
+  /// of layers); null, or a group of one: this rank's batch.
+  TORCH_ARG(std::shared_ptr<ProcessGroup>, process_group);
 };
 
 /// relu(batch_norm(input) + residual) in training, the BatchNorm, residual
@@ -53,7 +62,12 @@ struct DDP_API FusedBatchNormOptions {
 /// cuDNN's for [N, C, H, W] where cuDNN runs the shape and dtype (and ATen
 /// may use cuDNN), libddp's for C a multiple of 4; anything else (CPU,
 /// another layout, evaluation) runs ATen's BatchNorm, add and ReLU: the same
-/// values, unfused.
+/// values, unfused. With options.process_group, libddp's kernels split each
+/// direction at one all-reduce (2C + 1 fp64 numbers forward, 2C backward) and
+/// take any batch size on a rank, 0 included (the path depends only on the
+/// device, dtype, layout and channels, alike on every rank); elsewhere
+/// ddp::sync_batch_norm, then the add and ReLU. The weight's and bias's
+/// gradients are then this rank's part, which DDP averages.
 DDP_API at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
                                     const at::Tensor& running_mean, const at::Tensor& running_var,
                                     const at::Tensor& residual = {}, const FusedBatchNormOptions& options = {});

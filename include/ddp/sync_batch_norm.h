@@ -19,7 +19,7 @@ namespace ddp {
 /// statistics are too noisy. `input` is [N, C, ...]; the ranks may have
 /// different N (0 too, while some rank has elements: with none anywhere the
 /// output is NaN). Each call all-reduces 2C + 1 numbers in forward and
-/// in backward 2C more (the gradient of the statistics); every rank must
+/// in backward 2C + 1 more (the gradient of the statistics); every rank must
 /// call it, in the same order of layers. `running_mean` and `running_var`
 /// (if defined) are updated with the global statistics: momentum * new +
 /// (1 - momentum) * old, the variance unbiased over all ranks' elements.
@@ -50,8 +50,13 @@ class DDP_API SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>
   void reset_parameters();
   /// "ddp::SyncBatchNorm(64, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)".
   void pretty_print(std::ostream& stream) const override;
-  /// `input` [N, C, ...] with C = num_features; UsageError otherwise.
+  /// `input` [N, C, ...] with C = num_features; UsageError otherwise. In
+  /// training on CUDA in the layout of ddp::fused_batch_norm's kernels
+  /// (channels_last, C a multiple of 4) the statistics run fused with their
+  /// all-reduces; elsewhere sync_batch_norm.
   at::Tensor forward(const at::Tensor& input);
+  /// The ranks whose batches are normalised together.
+  const std::shared_ptr<ProcessGroup>& group() const { return group_; }
 
   torch::nn::BatchNormOptions options;  ///< As torch::nn::BatchNorm's.
   at::Tensor weight;                    ///< [C], if affine.

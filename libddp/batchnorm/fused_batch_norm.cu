@@ -4,6 +4,8 @@
 // byte load per row) and walks rows, so its channels' statistics and
 // coefficients stay in registers; the threads of a block along y take
 // interleaved rows, and the blocks along y split the rows between them.
+// Synchronised BatchNorm runs the same passes with its all-reduces between
+// a reduction pass and the finishing kernel that follows it (kernels.h).
 
 #include <algorithm>
 #include <cstdint>
@@ -123,19 +125,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// A block per 32 channels: kFinishWays threads per channel merge the
-/// blocks' statistics, then the running ones are updated and weight and bias
-/// folded into scale_shift[2][channels].
-__global__ void __launch_bounds__(32 * kFinishWays)
-    batch_norm_finish_statistics(const float* __restrict__ partial, int parts, int channels,
-                                 const float* __restrict__ weight, const float* __restrict__ bias,
-                                 float* __restrict__ running_mean, float* __restrict__ running_var, float momentum,
-                                 float eps, float* __restrict__ mean_out, float* __restrict__ invstd_out,
-                                 float* __restrict__ scale_shift) {
+/// In a block of 32 x kFinishWays threads, channel blockIdx.x * 32 +
+/// threadIdx.x: the kFinishWays threads merge the blocks' statistics; true
+/// in the thread (y = 0) that then holds the channel's, false elsewhere.
+__device__ __forceinline__ bool merge_partial_statistics(const float* __restrict__ partial, int parts, int channels,
+                                                         float& n, float& mean, float& m2) {
   __shared__ float merged[kFinishWays][32][3];
   const int c = blockIdx.x * 32 + threadIdx.x;
   const int64_t plane = static_cast<int64_t>(parts) * channels;
-  float n = 0.f, mean = 0.f, m2 = 0.f;
+  n = 0.f, mean = 0.f, m2 = 0.f;
   if (c < channels) {
     for (int p = threadIdx.y; p < parts; p += kFinishWays) {
       const int64_t at = static_cast<int64_t>(p) * channels + c;
@@ -146,21 +144,80 @@ __global__ void __launch_bounds__(32 * kFinishWays)
   merged[threadIdx.y][threadIdx.x][1] = mean;
   merged[threadIdx.y][threadIdx.x][2] = m2;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= channels) return;
+  if (threadIdx.y != 0 || c >= channels) return false;
   for (int way = 1; way < kFinishWays; ++way) {
     merge(n, mean, m2, merged[way][threadIdx.x][0], merged[way][threadIdx.x][1], merged[way][threadIdx.x][2]);
   }
-  const float variance = m2 / n;
-  const float invstd = rsqrtf(variance + eps);
-  mean_out[c] = mean;
+  return true;
+}
+
+/// Channel c's batch statistics (biased and unbiased variance): written out,
+/// folded into the running ones and, with weight and bias, into
+/// scale_shift[2][channels].
+struct ChannelStatistics {
+  float mean, variance, unbiased_variance;
+};
+__device__ __forceinline__ void finish_channel(int c, int channels, ChannelStatistics stats,
+                                               const float* __restrict__ weight, const float* __restrict__ bias,
+                                               float* __restrict__ running_mean, float* __restrict__ running_var,
+                                               float momentum, float eps, float* __restrict__ mean_out,
+                                               float* __restrict__ invstd_out, float* __restrict__ scale_shift) {
+  const float invstd = rsqrtf(stats.variance + eps);
+  mean_out[c] = stats.mean;
   invstd_out[c] = invstd;
   if (running_mean != nullptr) {
-    running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
-    running_var[c] = (1.f - momentum) * running_var[c] + momentum * (n > 1.f ? m2 / (n - 1.f) : variance);
+    running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * stats.mean;
+    running_var[c] = (1.f - momentum) * running_var[c] + momentum * stats.unbiased_variance;
   }
   const float scale = (weight != nullptr ? weight[c] : 1.f) * invstd;
   scale_shift[c] = scale;
-  scale_shift[channels + c] = (bias != nullptr ? bias[c] : 0.f) - mean * scale;
+  scale_shift[channels + c] = (bias != nullptr ? bias[c] : 0.f) - stats.mean * scale;
+}
+
+/// A block per 32 channels: the blocks' statistics merged, then finished.
+__global__ void __launch_bounds__(32 * kFinishWays)
+    batch_norm_finish_statistics(const float* __restrict__ partial, int parts, int channels,
+                                 const float* __restrict__ weight, const float* __restrict__ bias,
+                                 float* __restrict__ running_mean, float* __restrict__ running_var, float momentum,
+                                 float eps, float* __restrict__ mean_out, float* __restrict__ invstd_out,
+                                 float* __restrict__ scale_shift) {
+  float n, mean, m2;
+  if (!merge_partial_statistics(partial, parts, channels, n, mean, m2)) return;
+  const float variance = m2 / n;
+  finish_channel(blockIdx.x * 32 + threadIdx.x, channels, {mean, variance, n > 1.f ? m2 / (n - 1.f) : variance}, weight,
+                 bias, running_mean, running_var, momentum, eps, mean_out, invstd_out, scale_shift);
+}
+
+/// A block per 32 channels: this rank's moments for the all-reduce,
+/// moments[1 + 2 channels] = {count, per channel the sum, per channel the sum
+/// of squares}, in fp64 so that the squares' sum keeps the variance (it is
+/// formed from the centred m2, not accumulated raw).
+__global__ void __launch_bounds__(32 * kFinishWays)
+    batch_norm_merge_moments(const float* __restrict__ partial, int parts, int channels, double* __restrict__ moments) {
+  float n, mean, m2;
+  if (!merge_partial_statistics(partial, parts, channels, n, mean, m2)) return;
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const double count = n, mu = mean;
+  if (c == 0) moments[0] = count;
+  moments[1 + c] = count * mu;
+  moments[1 + channels + c] = static_cast<double>(m2) + count * mu * mu;
+}
+
+/// A thread per channel: the statistics of every rank's batch from the
+/// all-reduced moments, finished as one rank's are.
+__global__ void batch_norm_finish_global_statistics(const double* __restrict__ moments, int channels,
+                                                    const float* __restrict__ weight, const float* __restrict__ bias,
+                                                    float* __restrict__ running_mean, float* __restrict__ running_var,
+                                                    float momentum, float eps, float* __restrict__ mean_out,
+                                                    float* __restrict__ invstd_out, float* __restrict__ scale_shift) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const double count = moments[0];
+  const double mean = moments[1 + c] / count;
+  const double variance = fmax(moments[1 + channels + c] / count - mean * mean, 0.0);
+  const double unbiased = count > 1.0 ? variance * count / (count - 1.0) : variance;
+  finish_channel(c, channels, {static_cast<float>(mean), static_cast<float>(variance), static_cast<float>(unbiased)},
+                 weight, bias, running_mean, running_var, momentum, eps, mean_out, invstd_out, scale_shift);
 }
 
 /// y = relu?(x * scale + shift + residual?).
@@ -259,18 +316,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// A block per 32 channels, kFinishWays threads per channel: the weight's and
-/// bias's gradients, and the coefficients of dx = a * dz - b - k * (x - mean)
-/// in coefficients[3][channels].
-__global__ void __launch_bounds__(32 * kFinishWays)
-    batch_norm_finish_gradients(const float* __restrict__ partial, int parts, int channels, int64_t rows,
-                                const float* __restrict__ weight, const float* __restrict__ invstd,
-                                float* __restrict__ grad_weight, float* __restrict__ grad_bias,
-                                float* __restrict__ coefficients) {
+/// In a block of 32 x kFinishWays threads, channel blockIdx.x * 32 +
+/// threadIdx.x: the blocks' sums of dz and dz * (x - mean) added up; true in
+/// the thread (y = 0) that then holds them, false elsewhere.
+__device__ __forceinline__ bool sum_partial_gradients(const float* __restrict__ partial, int parts, int channels,
+                                                      float& sum_dz, float& sum_dz_xc) {
   __shared__ float summed[kFinishWays][32][2];
   const int c = blockIdx.x * 32 + threadIdx.x;
   const int64_t plane = static_cast<int64_t>(parts) * channels;
-  float sum_dz = 0.f, sum_dz_xc = 0.f;
+  sum_dz = 0.f, sum_dz_xc = 0.f;
   if (c < channels) {
     for (int p = threadIdx.y; p < parts; p += kFinishWays) {
       const int64_t at = static_cast<int64_t>(p) * channels + c;
@@ -281,20 +335,69 @@ __global__ void __launch_bounds__(32 * kFinishWays)
   summed[threadIdx.y][threadIdx.x][0] = sum_dz;
   summed[threadIdx.y][threadIdx.x][1] = sum_dz_xc;
   __syncthreads();
-  if (threadIdx.y != 0 || c >= channels) return;
+  if (threadIdx.y != 0 || c >= channels) return false;
   for (int way = 1; way < kFinishWays; ++way) {
     sum_dz += summed[way][threadIdx.x][0];
     sum_dz_xc += summed[way][threadIdx.x][1];
   }
+  return true;
+}
+
+/// Channel c: the weight's and bias's gradients from this rank's sums, and
+/// from the sums over all `rows` (every rank's, if synchronised) the
+/// coefficients of dx = a * dz - b - k * (x - mean) in coefficients[3][channels].
+__device__ __forceinline__ void finish_gradients_of_channel(
+    int c, int channels, float sum_dz, float sum_dz_xc, float all_sum_dz, float all_sum_dz_xc, float rows,
+    const float* __restrict__ weight, const float* __restrict__ invstd, float* __restrict__ grad_weight,
+    float* __restrict__ grad_bias, float* __restrict__ coefficients) {
   const float istd = invstd[c];
-  const float grad_gamma = sum_dz_xc * istd;
-  grad_weight[c] = grad_gamma;
+  grad_weight[c] = sum_dz_xc * istd;
   grad_bias[c] = sum_dz;
   const float a = (weight != nullptr ? weight[c] : 1.f) * istd;
-  const float per_row = 1.f / static_cast<float>(rows);
+  const float per_row = 1.f / rows;
   coefficients[c] = a;
-  coefficients[channels + c] = a * sum_dz * per_row;
-  coefficients[2 * channels + c] = a * istd * grad_gamma * per_row;
+  coefficients[channels + c] = a * all_sum_dz * per_row;
+  coefficients[2 * channels + c] = a * istd * istd * all_sum_dz_xc * per_row;
+}
+
+/// A block per 32 channels: the blocks' sums added up, then finished.
+__global__ void __launch_bounds__(32 * kFinishWays)
+    batch_norm_finish_gradients(const float* __restrict__ partial, int parts, int channels, int64_t rows,
+                                const float* __restrict__ weight, const float* __restrict__ invstd,
+                                float* __restrict__ grad_weight, float* __restrict__ grad_bias,
+                                float* __restrict__ coefficients) {
+  float sum_dz, sum_dz_xc;
+  if (!sum_partial_gradients(partial, parts, channels, sum_dz, sum_dz_xc)) return;
+  finish_gradients_of_channel(blockIdx.x * 32 + threadIdx.x, channels, sum_dz, sum_dz_xc, sum_dz, sum_dz_xc,
+                              static_cast<float>(rows), weight, invstd, grad_weight, grad_bias, coefficients);
+}
+
+/// A block per 32 channels: this rank's sums for the all-reduce,
+/// sums[2 channels] = {per channel the sum of dz, of dz * (x - mean)}, fp64 as the moments.
+__global__ void __launch_bounds__(32 * kFinishWays)
+    batch_norm_merge_gradient_sums(const float* __restrict__ partial, int parts, int channels,
+                                   double* __restrict__ sums) {
+  float sum_dz, sum_dz_xc;
+  if (!sum_partial_gradients(partial, parts, channels, sum_dz, sum_dz_xc)) return;
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  sums[c] = sum_dz;
+  sums[channels + c] = sum_dz_xc;
+}
+
+/// A thread per channel: the gradients' coefficients from the all-reduced
+/// sums and count, the weight's and bias's from this rank's sums.
+__global__ void batch_norm_finish_global_gradients(const double* __restrict__ local_sums,
+                                                   const double* __restrict__ global_sums,
+                                                   const double* __restrict__ moments, int channels,
+                                                   const float* __restrict__ weight, const float* __restrict__ invstd,
+                                                   float* __restrict__ grad_weight, float* __restrict__ grad_bias,
+                                                   float* __restrict__ coefficients) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  finish_gradients_of_channel(c, channels, static_cast<float>(local_sums[c]),
+                              static_cast<float>(local_sums[channels + c]), static_cast<float>(global_sums[c]),
+                              static_cast<float>(global_sums[channels + c]), static_cast<float>(moments[0]), weight,
+                              invstd, grad_weight, grad_bias, coefficients);
 }
 
 /// dx = a * dz - b - k * (x - mean); the residual's gradient is dz.
@@ -358,7 +461,7 @@ template <typename T>
 T* mutable_data_of(const at::Tensor& tensor) {
   return tensor.defined() ? reinterpret_cast<T*>(tensor.data_ptr()) : nullptr;
 }
-const float* floats_of(const at::Tensor& tensor) { return tensor.defined() ? tensor.data_ptr<float>() : nullptr; }
+float* floats_of(const at::Tensor& tensor) { return tensor.defined() ? tensor.data_ptr<float>() : nullptr; }
 
 constexpr int kNarrowestVector = 4;
 
@@ -390,15 +493,104 @@ void dispatch(c10::ScalarType dtype, int vector, F&& f) {
   }
 }
 
+/// One call's activations: rows x channels, the vector width every one of
+/// them allows and the launch over them (rows > 0 only).
+struct Pass {
+  cudaStream_t stream;
+  int channels;
+  int64_t rows;
+  int vector;
+  Launch launch;
+};
+
+Pass pass_over(const at::Tensor& input, std::initializer_list<at::Tensor> activations) {
+  Pass pass;
+  pass.stream = c10::cuda::getCurrentCUDAStream();
+  pass.channels = static_cast<int>(input.size(1));
+  pass.rows = input.numel() / pass.channels;
+  pass.vector = vector_width(input, activations);
+  if (pass.rows > 0) pass.launch = launch_for(pass.rows, pass.channels, pass.vector);
+  return pass;
+}
+
+const dim3 kFinishBlock(32, kFinishWays);
+dim3 finish_grid(int channels) { return dim3((channels + 31) / 32); }
+constexpr int kChannelThreads = 128;
+dim3 channel_grid(int channels) { return dim3((channels + kChannelThreads - 1) / kChannelThreads); }
+
+/// Forward's first pass: each block's statistics, partial[3][blocks][channels].
+at::Tensor statistics_pass(const Pass& pass, const at::Tensor& input) {
+  const at::Tensor partial =
+      at::empty({3, static_cast<int64_t>(pass.launch.grid.y), pass.channels}, input.options().dtype(at::kFloat));
+  dispatch(input.scalar_type(), pass.vector, [&](auto* type, auto width) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    constexpr int V = decltype(width)::value;
+    const size_t shared = pass.launch.block.x * pass.launch.block.y * (1 + 2 * V) * sizeof(float);
+    batch_norm_statistics<T, V><<<pass.launch.grid, pass.launch.block, shared, pass.stream>>>(
+        data_of<T>(input), pass.rows, pass.channels, pass.launch.rows_per_block, partial.data_ptr<float>());
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_statistics");
+  });
+  return partial;
+}
+
+/// Forward's second pass: output = relu?(input * scale + shift + residual?).
+void apply_pass(const Pass& pass, const at::Tensor& input, const at::Tensor& residual, const at::Tensor& scale_shift,
+                bool relu, const at::Tensor& output) {
+  dispatch(input.scalar_type(), pass.vector, [&](auto* type, auto width) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    constexpr int V = decltype(width)::value;
+    batch_norm_apply<T, V><<<pass.launch.grid, pass.launch.block, 0, pass.stream>>>(
+        data_of<T>(input), data_of<T>(residual), scale_shift.data_ptr<float>(), pass.rows, pass.channels,
+        pass.launch.rows_per_block, relu, mutable_data_of<T>(output));
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_apply");
+  });
+}
+
+/// Backward's first pass: each block's sums of dz and dz * (x - mean), partial[2][blocks][channels].
+at::Tensor gradient_sums_pass(const Pass& pass, const at::Tensor& grad_output, const at::Tensor& output,
+                              const at::Tensor& input, const at::Tensor& mean, bool relu) {
+  const at::Tensor partial =
+      at::empty({2, static_cast<int64_t>(pass.launch.grid.y), pass.channels}, input.options().dtype(at::kFloat));
+  dispatch(input.scalar_type(), pass.vector, [&](auto* type, auto width) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    constexpr int V = decltype(width)::value;
+    const size_t shared = pass.launch.block.x * pass.launch.block.y * (2 * V) * sizeof(float);
+    batch_norm_gradient_sums<T, V><<<pass.launch.grid, pass.launch.block, shared, pass.stream>>>(
+        data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(), pass.rows,
+        pass.channels, pass.launch.rows_per_block, relu, partial.data_ptr<float>());
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums");
+  });
+  return partial;
+}
+
+/// Backward's second pass: the input's gradient (and the residual's).
+void gradient_apply_pass(const Pass& pass, const at::Tensor& grad_output, const at::Tensor& output,
+                         const at::Tensor& input, const at::Tensor& mean, const at::Tensor& coefficients, bool relu,
+                         const at::Tensor& grad_input, const at::Tensor& grad_residual) {
+  dispatch(input.scalar_type(), pass.vector, [&](auto* type, auto width) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    constexpr int V = decltype(width)::value;
+    batch_norm_gradient_apply<T, V><<<pass.launch.grid, pass.launch.block, 0, pass.stream>>>(
+        data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(),
+        coefficients.data_ptr<float>(), pass.rows, pass.channels, pass.launch.rows_per_block, relu,
+        mutable_data_of<T>(grad_input), mutable_data_of<T>(grad_residual));
+    DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_apply");
+  });
+}
+
 }  // namespace
 
-bool fits_fused_batch_norm(const at::Tensor& input) {
+bool fused_batch_norm_layout(const at::Tensor& input) {
   const c10::ScalarType dtype = input.scalar_type();
   if (!input.is_cuda() || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
   const bool layout = (input.dim() == 4 && input.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
                       (input.dim() == 2 && input.is_contiguous());
-  if (!layout || input.size(1) % kNarrowestVector != 0 || input.numel() == 0) return false;
-  return reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kNarrowestVector * input.element_size()) == 0;
+  return layout && input.size(1) > 0 && input.size(1) % kNarrowestVector == 0;
+}
+
+bool fits_fused_batch_norm(const at::Tensor& input) {
+  return fused_batch_norm_layout(input) && input.numel() > 0 &&
+         reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kNarrowestVector * input.element_size()) == 0;
 }
 
 void fused_batch_norm_forward(const at::Tensor& input, const at::Tensor& residual, const at::Tensor& weight,
@@ -406,33 +598,44 @@ void fused_batch_norm_forward(const at::Tensor& input, const at::Tensor& residua
                               double momentum, double eps, bool relu, const at::Tensor& output,
                               const at::Tensor& mean, const at::Tensor& invstd) {
   const c10::cuda::CUDAGuard guard(input.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int channels = static_cast<int>(input.size(1));
-  const int64_t rows = input.numel() / channels;
-  const int vector = vector_width(input, {input, residual, output});
-  const Launch launch = launch_for(rows, channels, vector);
-  const auto floats = input.options().dtype(at::kFloat);
-  const at::Tensor partial = at::empty({3, static_cast<int64_t>(launch.grid.y), channels}, floats);
-  const at::Tensor scale_shift = at::empty({2, channels}, floats);
-  const dim3 finish_grid((channels + 31) / 32), finish_block(32, kFinishWays);
-  dispatch(input.scalar_type(), vector, [&](auto* type, auto width) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    constexpr int V = decltype(width)::value;
-    const size_t shared = launch.block.x * launch.block.y * (1 + 2 * V) * sizeof(float);
-    batch_norm_statistics<T, V><<<launch.grid, launch.block, shared, stream>>>(
-        data_of<T>(input), rows, channels, launch.rows_per_block, partial.data_ptr<float>());
-    DDP_CUDA_CHECK_LAUNCH("batch_norm_statistics");
-    batch_norm_finish_statistics<<<finish_grid, finish_block, 0, stream>>>(
-        partial.data_ptr<float>(), static_cast<int>(launch.grid.y), channels, floats_of(weight), floats_of(bias),
-        running_mean.defined() ? running_mean.data_ptr<float>() : nullptr,
-        running_var.defined() ? running_var.data_ptr<float>() : nullptr, static_cast<float>(momentum),
-        static_cast<float>(eps), mean.data_ptr<float>(), invstd.data_ptr<float>(), scale_shift.data_ptr<float>());
-    DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_statistics");
-    batch_norm_apply<T, V><<<launch.grid, launch.block, 0, stream>>>(
-        data_of<T>(input), data_of<T>(residual), scale_shift.data_ptr<float>(), rows, channels,
-        launch.rows_per_block, relu, mutable_data_of<T>(output));
-    DDP_CUDA_CHECK_LAUNCH("batch_norm_apply");
-  });
+  const Pass pass = pass_over(input, {input, residual, output});
+  const at::Tensor partial = statistics_pass(pass, input);
+  const at::Tensor scale_shift = at::empty({2, pass.channels}, input.options().dtype(at::kFloat));
+  batch_norm_finish_statistics<<<finish_grid(pass.channels), kFinishBlock, 0, pass.stream>>>(
+      partial.data_ptr<float>(), static_cast<int>(pass.launch.grid.y), pass.channels, floats_of(weight),
+      floats_of(bias), floats_of(running_mean), floats_of(running_var), static_cast<float>(momentum),
+      static_cast<float>(eps), mean.data_ptr<float>(), invstd.data_ptr<float>(), scale_shift.data_ptr<float>());
+  DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_statistics");
+  apply_pass(pass, input, residual, scale_shift, relu, output);
+}
+
+void batch_norm_local_moments(const at::Tensor& input, const at::Tensor& moments) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const Pass pass = pass_over(input, {input});
+  if (pass.rows == 0) {
+    moments.zero_();
+    return;
+  }
+  const at::Tensor partial = statistics_pass(pass, input);
+  batch_norm_merge_moments<<<finish_grid(pass.channels), kFinishBlock, 0, pass.stream>>>(
+      partial.data_ptr<float>(), static_cast<int>(pass.launch.grid.y), pass.channels, moments.data_ptr<double>());
+  DDP_CUDA_CHECK_LAUNCH("batch_norm_merge_moments");
+}
+
+void fused_batch_norm_forward_from_moments(const at::Tensor& input, const at::Tensor& residual,
+                                           const at::Tensor& weight, const at::Tensor& bias,
+                                           const at::Tensor& running_mean, const at::Tensor& running_var,
+                                           double momentum, double eps, bool relu, const at::Tensor& moments,
+                                           const at::Tensor& output, const at::Tensor& mean, const at::Tensor& invstd) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const Pass pass = pass_over(input, {input, residual, output});
+  const at::Tensor scale_shift = at::empty({2, pass.channels}, input.options().dtype(at::kFloat));
+  batch_norm_finish_global_statistics<<<channel_grid(pass.channels), kChannelThreads, 0, pass.stream>>>(
+      moments.data_ptr<double>(), pass.channels, floats_of(weight), floats_of(bias), floats_of(running_mean),
+      floats_of(running_var), static_cast<float>(momentum), static_cast<float>(eps), mean.data_ptr<float>(),
+      invstd.data_ptr<float>(), scale_shift.data_ptr<float>());
+  DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_global_statistics");
+  if (pass.rows > 0) apply_pass(pass, input, residual, scale_shift, relu, output);
 }
 
 void fused_batch_norm_backward(const at::Tensor& grad_output, const at::Tensor& output, const at::Tensor& input,
@@ -440,34 +643,48 @@ void fused_batch_norm_backward(const at::Tensor& grad_output, const at::Tensor& 
                                const at::Tensor& grad_input, const at::Tensor& grad_residual,
                                const at::Tensor& grad_weight, const at::Tensor& grad_bias) {
   const c10::cuda::CUDAGuard guard(input.device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int channels = static_cast<int>(input.size(1));
-  const int64_t rows = input.numel() / channels;
-  const int vector = vector_width(input, {grad_output, output, input, grad_input, grad_residual});
-  const Launch launch = launch_for(rows, channels, vector);
-  const auto floats = input.options().dtype(at::kFloat);
-  const at::Tensor partial = at::empty({2, static_cast<int64_t>(launch.grid.y), channels}, floats);
-  const at::Tensor coefficients = at::empty({3, channels}, floats);
-  const dim3 finish_grid((channels + 31) / 32), finish_block(32, kFinishWays);
-  dispatch(input.scalar_type(), vector, [&](auto* type, auto width) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    constexpr int V = decltype(width)::value;
-    const size_t shared = launch.block.x * launch.block.y * (2 * V) * sizeof(float);
-    batch_norm_gradient_sums<T, V><<<launch.grid, launch.block, shared, stream>>>(
-        data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(), rows, channels,
-        launch.rows_per_block, relu, partial.data_ptr<float>());
-    DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_sums");
-    batch_norm_finish_gradients<<<finish_grid, finish_block, 0, stream>>>(
-        partial.data_ptr<float>(), static_cast<int>(launch.grid.y), channels, rows, floats_of(weight),
-        invstd.data_ptr<float>(), grad_weight.data_ptr<float>(), grad_bias.data_ptr<float>(),
-        coefficients.data_ptr<float>());
-    DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_gradients");
-    batch_norm_gradient_apply<T, V><<<launch.grid, launch.block, 0, stream>>>(
-        data_of<T>(grad_output), data_of<T>(output), data_of<T>(input), mean.data_ptr<float>(),
-        coefficients.data_ptr<float>(), rows, channels, launch.rows_per_block, relu, mutable_data_of<T>(grad_input),
-        mutable_data_of<T>(grad_residual));
-    DDP_CUDA_CHECK_LAUNCH("batch_norm_gradient_apply");
-  });
+  const Pass pass = pass_over(input, {grad_output, output, input, grad_input, grad_residual});
+  const at::Tensor partial = gradient_sums_pass(pass, grad_output, output, input, mean, relu);
+  const at::Tensor coefficients = at::empty({3, pass.channels}, input.options().dtype(at::kFloat));
+  batch_norm_finish_gradients<<<finish_grid(pass.channels), kFinishBlock, 0, pass.stream>>>(
+      partial.data_ptr<float>(), static_cast<int>(pass.launch.grid.y), pass.channels, pass.rows, floats_of(weight),
+      invstd.data_ptr<float>(), grad_weight.data_ptr<float>(), grad_bias.data_ptr<float>(),
+      coefficients.data_ptr<float>());
+  DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_gradients");
+  gradient_apply_pass(pass, grad_output, output, input, mean, coefficients, relu, grad_input, grad_residual);
+}
+
+void batch_norm_local_gradient_sums(const at::Tensor& grad_output, const at::Tensor& output, const at::Tensor& input,
+                                    const at::Tensor& mean, bool relu, const at::Tensor& sums) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const Pass pass = pass_over(input, {grad_output, output, input});
+  if (pass.rows == 0) {
+    sums.zero_();
+    return;
+  }
+  const at::Tensor partial = gradient_sums_pass(pass, grad_output, output, input, mean, relu);
+  batch_norm_merge_gradient_sums<<<finish_grid(pass.channels), kFinishBlock, 0, pass.stream>>>(
+      partial.data_ptr<float>(), static_cast<int>(pass.launch.grid.y), pass.channels, sums.data_ptr<double>());
+  DDP_CUDA_CHECK_LAUNCH("batch_norm_merge_gradient_sums");
+}
+
+void fused_batch_norm_backward_from_sums(const at::Tensor& grad_output, const at::Tensor& output,
+                                         const at::Tensor& input, const at::Tensor& weight, const at::Tensor& mean,
+                                         const at::Tensor& invstd, bool relu, const at::Tensor& local_sums,
+                                         const at::Tensor& global_sums, const at::Tensor& moments,
+                                         const at::Tensor& grad_input, const at::Tensor& grad_residual,
+                                         const at::Tensor& grad_weight, const at::Tensor& grad_bias) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const Pass pass = pass_over(input, {grad_output, output, input, grad_input, grad_residual});
+  const at::Tensor coefficients = at::empty({3, pass.channels}, input.options().dtype(at::kFloat));
+  batch_norm_finish_global_gradients<<<channel_grid(pass.channels), kChannelThreads, 0, pass.stream>>>(
+      local_sums.data_ptr<double>(), global_sums.data_ptr<double>(), moments.data_ptr<double>(), pass.channels,
+      floats_of(weight), invstd.data_ptr<float>(), grad_weight.data_ptr<float>(), grad_bias.data_ptr<float>(),
+      coefficients.data_ptr<float>());
+  DDP_CUDA_CHECK_LAUNCH("batch_norm_finish_global_gradients");
+  if (pass.rows > 0) {
+    gradient_apply_pass(pass, grad_output, output, input, mean, coefficients, relu, grad_input, grad_residual);
+  }
 }
 
 }  // namespace ddp::detail

@@ -9,17 +9,14 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <ddp/batch_norm.h>
 #include <ddp/communicator.h>
 #include <ddp/errors.h>
 
+#include "batchnorm/group_capsule.h"
+
 namespace ddp {
 namespace {
-
-/// The process group, as autograd's saved data holds it.
-struct GroupCapsule : torch::CustomClassHolder {
-  explicit GroupCapsule(std::shared_ptr<ProcessGroup> process_group) : group(std::move(process_group)) {}
-  std::shared_ptr<ProcessGroup> group;
-};
 
 /// `local` summed over the ranks, differentiable: every rank's loss depends
 /// on the sum, so the gradient of each rank's addend is the sum of the
@@ -28,7 +25,7 @@ class AllReduceSum : public torch::autograd::Function<AllReduceSum> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& local,
                             const std::shared_ptr<ProcessGroup>& group) {
-    ctx->saved_data["group"] = c10::IValue::make_capsule(c10::make_intrusive<GroupCapsule>(group));
+    ctx->saved_data["group"] = detail::capsule_of(group);
     at::Tensor summed = local.clone();
     group->communicator().all_reduce(summed)->wait_stream();
     return summed;
@@ -36,10 +33,9 @@ class AllReduceSum : public torch::autograd::Function<AllReduceSum> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    const auto capsule = ctx->saved_data["group"].toCapsule();
     // (Autograd gives zeros for an unused output, so every rank joins the collective.)
     at::Tensor grad = grads[0].clone();
-    static_cast<GroupCapsule*>(capsule.get())->group->communicator().all_reduce(grad)->wait_stream();
+    detail::group_in(ctx->saved_data["group"]).communicator().all_reduce(grad)->wait_stream();
     return {grad, at::Tensor()};
   }
 };
@@ -164,8 +160,10 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     return at::batch_norm(input, weight, bias, running_mean, running_var, batch_statistics, momentum, options.eps(),
                           at::globalContext().userEnabledCuDNN());
   }
-  return sync_batch_norm(input, weight, bias, is_training() ? running_mean : at::Tensor(),
-                         is_training() ? running_var : at::Tensor(), momentum, options.eps(), group_);
+  // fused_batch_norm runs sync_batch_norm where its kernels do not take the input.
+  return fused_batch_norm(
+      input, weight, bias, running_mean, running_var, /*residual=*/{},
+      FusedBatchNormOptions().momentum(momentum).eps(options.eps()).relu(false).process_group(group_));
 }
 
 }  // namespace ddp

@@ -32,6 +32,15 @@ TEST(SyncBatchNormGloo, UnderDdpTrainsAsOneProcessOnTheWholeBatch) {
   expect_all_succeeded(run_ranks(2, [](int) { check_sync_batch_norm_under_ddp_matches_one_process(init_gloo()); }));
 }
 
+// fused_batch_norm with a process group (BatchNorm over the ranks' batches,
+// add and ReLU), and SyncBatchNorm in the layout of the fused kernels: on
+// the CPU both take sync_batch_norm, whose result the CUDA kernels match.
+TEST(SyncBatchNormGloo, FusedWithResidualAndReluMatchesOneProcess) {
+  expect_all_succeeded(run_ranks(3, [](int) {
+    check_fused_sync_batch_norm_matches_one_process(init_gloo(), {4, 0, 2}, torch::kFloat, 1e-4);
+  }));
+}
+
 TEST(SyncBatchNormGloo, InputOfTheWrongShapeIsRefused) {
   expect_all_succeeded(run_ranks(1, [](int) {
     ddp::SyncBatchNorm norm(torch::nn::BatchNormOptions(3), init_gloo());

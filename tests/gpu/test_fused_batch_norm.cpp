@@ -1,7 +1,7 @@
 // ddp::fused_batch_norm's CUDA paths, libddp's kernels and cuDNN's, against
 // ATen's BatchNorm, add and ReLU: outputs, running statistics and the
 // gradients of input, residual, weight and bias, in fp32 and bf16, for
-// ResNet-like shapes.
+// ResNet-like shapes; and synchronised over NCCL against one process.
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,6 +9,8 @@
 #include <ddp/ddp.h>
 
 #include "batchnorm/kernels.h"
+#include "support/multiprocess.h"
+#include "support/sync_batch_norm_scenarios.h"
 #ifdef DDP_WITH_CUDNN
 #include "batchnorm/cudnn_batch_norm.h"
 #endif
@@ -134,5 +136,27 @@ TEST(FusedBatchNorm, AutoTakesCudnnForResNetShapes) {
   }
 }
 #endif
+
+// Synchronised over two GPUs, libddp's kernels with an all-reduce between
+// their passes equal one process's ATen ops on both ranks' batches: ranks of
+// different sizes, and one with no images (it still joins every collective).
+TEST(FusedBatchNorm, SynchronisedOverNcclMatchesOneProcess) {
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  using namespace ddp::testing;
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
+    for (const torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
+      for (const int rows : {0, 3}) {
+        const torch::Tensor probe =
+            torch::empty({rows, 8, 4, 4}, torch::TensorOptions().device(pg->device()).dtype(dtype))
+                .contiguous(torch::MemoryFormat::ChannelsLast);
+        require(ddp::detail::fused_batch_norm_layout(probe), "the synchronised kernels do not take the test's input");
+      }
+      const double tolerance = dtype == torch::kFloat ? 1e-4 : 2e-2;
+      check_fused_sync_batch_norm_matches_one_process(pg, {5, 3}, dtype, tolerance);
+      check_fused_sync_batch_norm_matches_one_process(pg, {4, 0}, dtype, tolerance);
+    }
+  }));
+}
 
 }  // namespace

@@ -141,4 +141,96 @@ void check_sync_batch_norm_under_ddp_matches_one_process(const std::shared_ptr<P
   }
 }
 
+namespace {
+
+constexpr std::int64_t kFusedChannels = 8;  // a multiple of the kernels' 4
+
+/// Rank `rank`'s input, residual and output gradient: [n, 8, 4, 4] fp32,
+/// rounded to `dtype`, so that the fp32 reference sees the values the rank does.
+std::vector<torch::Tensor> fused_batch_of(int rank, int n, torch::ScalarType dtype) {
+  auto generator = at::detail::createCPUGenerator(500 + rank);
+  std::vector<torch::Tensor> tensors;
+  for (double mean : {3.0, 0.0, 0.0}) {
+    tensors.push_back((torch::randn({n, kFusedChannels, 4, 4}, generator) * 2 + mean).to(dtype).to(torch::kFloat));
+  }
+  return tensors;
+}
+
+void require_within(const torch::Tensor& got, const torch::Tensor& expected, double tolerance,
+                    const std::string& what) {
+  require(got.sizes() == expected.sizes(), what + ": shape differs from one process's");
+  if (expected.numel() == 0) return;
+  const torch::Tensor a = got.detach().to(torch::kFloat).cpu(), b = expected.detach().to(torch::kFloat).cpu();
+  const double scale = std::max(1.0, b.abs().max().item<double>());
+  const double error = (a - b).abs().max().item<double>();
+  require(error <= tolerance * scale, what + " differs from one process's by " + std::to_string(error));
+}
+
+}  // namespace
+
+void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<ProcessGroup>& pg,
+                                                     const std::vector<int>& batches, torch::ScalarType dtype,
+                                                     double tolerance) {
+  const int rank = pg->rank();
+  const auto on_device = torch::TensorOptions().device(pg->device());
+  const auto mine = [&](const torch::Tensor& t) {
+    return t.to(on_device.dtype(dtype)).contiguous(torch::MemoryFormat::ChannelsLast);
+  };
+  std::vector<torch::Tensor> xs, rs, gs;
+  for (int r = 0; r < static_cast<int>(batches.size()); ++r) {
+    auto tensors = fused_batch_of(r, batches[static_cast<std::size_t>(r)], dtype);
+    xs.push_back(tensors[0]);
+    rs.push_back(tensors[1]);
+    gs.push_back(tensors[2]);
+  }
+  std::int64_t first = 0;
+  for (int r = 0; r < rank; ++r) first += batches[static_cast<std::size_t>(r)];
+  const std::int64_t n = batches[static_cast<std::size_t>(rank)];
+  const auto slice = [&](const torch::Tensor& whole) { return whole.narrow(0, first, n); };
+  const torch::Tensor weight0 = torch::linspace(0.5, 1.5, kFusedChannels),
+                      bias0 = torch::linspace(-0.3, 0.4, kFusedChannels);
+
+  // One process in fp32: every batch at once, the sum of every rank's loss.
+  const torch::Tensor all_x = torch::cat(xs).requires_grad_(true), all_r = torch::cat(rs).requires_grad_(true);
+  const torch::Tensor ref_weight = weight0.clone().requires_grad_(true), ref_bias = bias0.clone().requires_grad_(true);
+  torch::Tensor ref_mean = torch::zeros({kFusedChannels}), ref_var = torch::ones({kFusedChannels});
+  const torch::Tensor expected =
+      torch::relu(torch::batch_norm(all_x, ref_weight, ref_bias, ref_mean, ref_var, true, 0.2, 1e-5, false) + all_r);
+  (expected * torch::cat(gs)).sum().backward();
+
+  // This rank: its own batch through the fused, synchronised layer.
+  const torch::Tensor x = mine(xs[static_cast<std::size_t>(rank)]).requires_grad_(true);
+  const torch::Tensor residual = mine(rs[static_cast<std::size_t>(rank)]).requires_grad_(true);
+  const torch::Tensor weight = weight0.to(on_device).requires_grad_(true),
+                      bias = bias0.to(on_device).requires_grad_(true);
+  torch::Tensor running_mean = torch::zeros({kFusedChannels}, on_device),
+                running_var = torch::ones({kFusedChannels}, on_device);
+  const torch::Tensor y = fused_batch_norm(x, weight, bias, running_mean, running_var, residual,
+                                           FusedBatchNormOptions().momentum(0.2).relu(true).process_group(pg));
+  (y.to(torch::kFloat) * gs[static_cast<std::size_t>(rank)].to(on_device)).sum().backward();
+  const std::string at = "rank " + std::to_string(rank) + ", fused_batch_norm: ";
+  auto& comm = pg->communicator();
+  require_within(y, slice(expected), tolerance, at + "the output");
+  require_within(x.grad(), slice(all_x.grad()), tolerance, at + "the input's gradient");
+  if (n > 0) require_within(residual.grad(), slice(all_r.grad()), tolerance, at + "the residual's gradient");
+  require_within(summed_over_ranks(comm, weight.grad()), ref_weight.grad(), tolerance, at + "the weight's gradient");
+  require_within(summed_over_ranks(comm, bias.grad()), ref_bias.grad(), tolerance, at + "the bias's gradient");
+  require_within(running_mean, ref_mean, 1e-5, at + "the running mean");
+  require_within(running_var, ref_var, 1e-5, at + "the running variance");
+
+  // The module, its layers' way in: BatchNorm alone over the ranks' batches.
+  SyncBatchNorm sync(torch::nn::BatchNormOptions(kFusedChannels).momentum(0.2), pg);
+  sync->to(pg->device());
+  const torch::Tensor module_x = mine(xs[static_cast<std::size_t>(rank)]).requires_grad_(true);
+  (sync(module_x).to(torch::kFloat) * gs[static_cast<std::size_t>(rank)].to(on_device)).sum().backward();
+  torch::nn::BatchNorm2d reference(torch::nn::BatchNorm2dOptions(kFusedChannels).momentum(0.2));
+  const torch::Tensor module_all_x = torch::cat(xs).requires_grad_(true);
+  (reference(module_all_x) * torch::cat(gs)).sum().backward();
+  require_within(module_x.grad(), slice(module_all_x.grad()), tolerance,
+                 "rank " + std::to_string(rank) + ", SyncBatchNorm: the input's gradient");
+  require_within(summed_over_ranks(comm, sync->weight.grad()), reference->weight.grad(), tolerance,
+                 "SyncBatchNorm: the weight's gradient");
+  require_within(sync->running_var, reference->running_var, 1e-5, "SyncBatchNorm: the running variance");
+}
+
 }  // namespace ddp::testing

@@ -7,6 +7,8 @@
 #include <memory>
 #include <vector>
 
+#include <torch/types.h>
+
 #include <ddp/ddp.h>
 
 namespace ddp::testing {
@@ -22,5 +24,17 @@ void check_sync_batch_norm_matches_one_process(const std::shared_ptr<ProcessGrou
 /// DistributedDataParallel, three SGD steps on equal per-rank batches:
 /// parameters and buffers equal one process with BatchNorm2d on the whole batch.
 void check_sync_batch_norm_under_ddp_matches_one_process(const std::shared_ptr<ProcessGroup>& pg);
+
+/// ddp::fused_batch_norm with the group (BatchNorm over every rank's batch,
+/// the residual add and ReLU), then ddp::SyncBatchNorm, on [n, 8, 4, 4]
+/// channels_last inputs in `dtype` on the group's device, ranks with
+/// `batches[rank]` images (0 allowed): outputs, the input's and residual's
+/// gradients, the weight's and bias's summed over the ranks and the running
+/// statistics equal one process's ATen ops in fp32 on the batches laid end
+/// to end, to `tolerance` of the largest value. On CUDA libddp's fused
+/// kernels run it, on the CPU sync_batch_norm.
+void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<ProcessGroup>& pg,
+                                                     const std::vector<int>& batches, torch::ScalarType dtype,
+                                                     double tolerance);
 
 }  // namespace ddp::testing
