@@ -303,6 +303,9 @@ def parse_args():
                         "reduce-overhead adds CUDA graphs). DDP's optimizer splits the graph at bucket boundaries so "
                         "that the all-reduces still overlap backward; compilation happens in the first warm-up step, "
                         "which is timed apart (compile_s)")
+    parser.add_argument("--sync-bn", action="store_true",
+                        help="resnet50: BatchNorm statistics over every rank's batch (torch.nn.SyncBatchNorm, CUDA "
+                        "only), as scaling_bench --sync-bn")
     parser.add_argument("--profile-trace", help="after the timed steps, profile one more and write its Chrome trace here "
                         "(rank 0), as scaling_bench --profile-trace")
     args = parser.parse_args()
@@ -325,13 +328,17 @@ def parse_args():
         parser.error("--compile reduce-overhead records CUDA graphs: it needs --device cuda")
     if args.compile and args.warmup < 1:
         parser.error("--compile needs --warmup of at least 1: the first step compiles and is not timed")
+    if args.sync_bn and args.model != "resnet50":
+        parser.error("--sync-bn is resnet50's: llama has no BatchNorm")
     if args.image_size is not None and args.image_size < 32:
         parser.error("--image-size must be at least 32")
     return args
 
 
-def check_precision(args, device):
+def check_available(args, device):
     """Raises Unavailable where libddp's check_supported would refuse, or stock PyTorch has no path."""
+    if args.sync_bn and device.type != "cuda":
+        raise Unavailable("torch.nn.SyncBatchNorm runs on CUDA only")
     if args.precision != "fp8":
         return
     if args.model == "resnet50":
@@ -358,7 +365,10 @@ def set_math_mode(precision, device):
 
 
 def build_resnet(args, device, generator):
-    model = resnet50().to(device, memory_format=torch.channels_last)
+    model = resnet50()
+    if args.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(device, memory_format=torch.channels_last)
     params = sum(p.numel() for p in model.parameters())
     assert params == RESNET50_PARAMETERS, f"ResNet-50 has {params} parameters, expected {RESNET50_PARAMETERS}"
     decay = [p for p in model.parameters() if p.dim() > 1]
@@ -430,7 +440,7 @@ def synchronize(device):
 
 
 def run(args, rank, world_size, device):
-    check_precision(args, device)
+    check_available(args, device)
     autocast = set_math_mode(args.precision, device)
     torch.manual_seed(0)  # the same initial model everywhere; DDP broadcasts rank 0's anyway
     generator = torch.Generator(device=device).manual_seed(1000 + rank)  # a different batch on every rank
@@ -552,6 +562,7 @@ def main():
         "steps": args.steps,
         "warmup": args.warmup,
         "reduce_dtype": args.reduce_dtype,
+        "sync_bn": args.sync_bn,
         "nccl_env": {name: value for name, value in sorted(os.environ.items()) if name.startswith("NCCL_")},
         "unit": "img/s" if args.model == "resnet50" else "tok/s",
         "torch_version": torch.__version__,

@@ -96,6 +96,9 @@ def parse_args():
     parser.add_argument("--param-dtype", choices=("fp32", "bf16"), default="fp32",
                         help="with --sharding: bf16 keeps LLaMA's parameters in bf16 and an fp32 master shard "
                              "per rank (scaling_bench --param-dtype, DeepSpeed's bf16 mode); ResNet-50 stays fp32")
+    parser.add_argument("--sync-bn", action="store_true",
+                        help="ResNet-50's BatchNorm statistics over every GPU's batch on both sides: libddp's "
+                             "SyncBatchNorm (fused kernels on CUDA), PyTorch's torch.nn.SyncBatchNorm (CUDA only)")
     parser.add_argument("--steps", type=int, help="timed steps per run (default 20; --quick 3)")
     parser.add_argument("--warmup", type=int, help="untimed steps before them (default 10; --quick 1)")
     parser.add_argument("--quick", action="store_true",
@@ -215,6 +218,8 @@ def command_for(impl, model, precision, gpus, args, json_path):
                    "--reduce-dtype", args.reduce_dtype]
     if args.device == "cpu":  # both sides default to the GPUs
         bench_args += ["--device", "cpu"]
+    if args.sync_bn and model == "resnet50":
+        bench_args.append("--sync-bn")
     if impl in LIBDDP_IMPLS:
         if impl == "libddp-unfused":
             bench_args.append("--unfused")
@@ -419,6 +424,10 @@ def markdown(report, args):
                       f"of the optimizer state; gradients reduce-scattered, parameters all-gathered{units}) and "
                       "plain at one GPU, so its efficiency is against its fastest one-GPU step; PyTorch with plain "
                       "DDP.", ""]
+        if args.sync_bn and model == "resnet50":
+            lines += ["BatchNorm's statistics were those of every GPU's batch (`--sync-bn`): libddp's SyncBatchNorm "
+                      "(on CUDA its fused kernels with the all-reduces between their passes), PyTorch's "
+                      "`torch.nn.SyncBatchNorm`.", ""]
         if args.copy_engine_reductions:
             lines += ["libddp's gradient buckets of 512 KiB and more moved between the GPUs on the copy engines "
                       "(`--copy-engine-reductions`), PyTorch's on NCCL.", ""]

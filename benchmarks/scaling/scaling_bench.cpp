@@ -229,7 +229,8 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   resnet::check_precision(policy);
   const auto device = process_group->device();
   const std::int64_t image = flags.integer("image-size");
-  auto model = resnet::resnet50();
+  const bool sync_bn = flags.on("sync-bn");
+  auto model = resnet::resnet50(1000, sync_bn ? process_group : nullptr);
   const ddp::FusedBatchNormPath path =
       flags.on("unfused") ? ddp::FusedBatchNormPath::kAten : resnet::parse_batch_norm_path(flags.str("bn"));
   model->set_batch_norm_path(path);
@@ -253,9 +254,9 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format(
       "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
-      "\"fp8_fast_accum\": null, \"fused_kernels\": {}, \"bn\": \"{}\"",
+      "\"fp8_fast_accum\": null, \"fused_kernels\": {}, \"bn\": \"{}\", \"sync_bn\": {}",
       image, path != ddp::FusedBatchNormPath::kAten && ddp::fused_batch_norm_path_built(path) && device.is_cuda(),
-      flags.on("unfused") ? "aten" : flags.str("bn"));
+      flags.on("unfused") ? "aten" : flags.str("bn"), sync_bn);
   return workload;
 }
 
@@ -374,6 +375,8 @@ int main(int argc, char** argv) try {
                   "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
                   "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")
       .add("bn", "auto", std::string("ResNet-50: ") + resnet::kBatchNormPathHelp + "; --unfused means aten")
+      .add_switch("sync-bn",
+                  "ResNet-50: BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm, fused on CUDA)")
       .add_switch("copy-engine-reductions",
                   "move the gradient buckets between the GPUs with the copy engines, not NCCL's kernels "
                   "(ddp::InitOptions::copy_engine_reductions; one node)")
@@ -386,6 +389,7 @@ int main(int argc, char** argv) try {
   flags.parse(argc, argv);
   const std::string model_name = flags.str("model");
   if (model_name != "resnet50" && model_name != "llama") flags.fail("--model must be resnet50 or llama");
+  if (model_name != "resnet50" && flags.on("sync-bn")) flags.fail("--sync-bn is ResNet-50's: LLaMA has no BatchNorm");
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
   if (policy.needs_grad_scaler()) flags.fail("fp16 is not benchmarked (it needs the gradient scaler); use bf16");
   const std::int64_t steps = flags.integer("steps"), warmup = flags.integer("warmup");
