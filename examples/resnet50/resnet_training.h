@@ -30,7 +30,8 @@ ddp::FusedBatchNormPath parse_batch_norm_path(const std::string& name);
 /// What --bn takes, for help lines.
 constexpr const char* kBatchNormPathHelp =
     "BatchNorm, residual add and ReLU in training: auto (cuDNN's fused kernels where cuDNN runs the shape, else "
-    "libddp's), cudnn, libddp (ddp::fused_batch_norm's own kernels) or aten (ATen's separate ops)";
+    "libddp's), cudnn, libddp (ddp::fused_batch_norm's own kernels) or aten (ATen's separate ops); with --sync-bn, "
+    "auto and libddp run libddp's kernels with the all-reduces between their passes, cudnn and aten ATen's ops";
 
 /// SGD with momentum (fused on GPUs); weight decay only on convolution and linear weights,
 /// not on BatchNorm parameters and biases; over what `model` says this rank steps.
