@@ -64,8 +64,9 @@ struct DDP_API FusedBatchNormOptions {
 /// another layout, evaluation) runs ATen's BatchNorm, add and ReLU: the same
 /// values, unfused. With options.process_group, libddp's kernels split each
 /// direction at one all-reduce (2C + 1 fp64 numbers forward, 2C backward) and
-/// take any batch size on a rank, 0 included (the path depends only on the
-/// device, dtype, layout and channels, alike on every rank); elsewhere
+/// take any batch size on a rank, 0 included, and any memory format (copied
+/// into channels_last, the output copied back): the path depends only on the
+/// device, dtype, number of dimensions and channels, alike on every rank; elsewhere
 /// ddp::sync_batch_norm, then the add and ReLU. The weight's and bias's
 /// gradients are then this rank's part, which DDP averages.
 DDP_API at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,

@@ -51,9 +51,9 @@ class DDP_API SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl>
   /// "ddp::SyncBatchNorm(64, eps=1e-05, momentum=0.1, affine=true, track_running_stats=true)".
   void pretty_print(std::ostream& stream) const override;
   /// `input` [N, C, ...] with C = num_features; UsageError otherwise. In
-  /// training on CUDA in the layout of ddp::fused_batch_norm's kernels
-  /// (channels_last, C a multiple of 4) the statistics run fused with their
-  /// all-reduces; elsewhere sync_batch_norm.
+  /// training on CUDA, [N, C, H, W] or [N, C] with C a multiple of 4, the
+  /// statistics run in ddp::fused_batch_norm's kernels with their all-reduces
+  /// between the passes; elsewhere sync_batch_norm.
   at::Tensor forward(const at::Tensor& input);
   /// The ranks whose batches are normalised together.
   const std::shared_ptr<ProcessGroup>& group() const { return group_; }

@@ -2,7 +2,8 @@
 
 // LibTorch 2.x's Function::apply records every tensor argument's device, so
 // an absent (undefined) tensor travels through it as an empty one; present
-// ones are never empty in the BatchNorm functions.
+// ones are never empty in the BatchNorm functions, but for a synchronised
+// rank's empty batch, whose residual a flag beside it says is there.
 
 #include <ATen/ATen.h>
 

@@ -49,9 +49,14 @@ using detail::unless_empty;
 bool fp32(const at::Tensor& tensor) { return tensor.defined() && tensor.scalar_type() == at::kFloat; }
 bool fp32_or_none(const at::Tensor& tensor) { return !tensor.defined() || fp32(tensor); }
 
+/// The memory the kernels read: channels_last for [N, C, H, W], else contiguous.
+at::MemoryFormat kernel_format(const at::Tensor& input) {
+  return input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
 /// Contiguous in `format`, its data on a 16-byte boundary (the kernels' widest
 /// loads): a view that is not (a residual or gradient in another layout, a
-/// synchronised rank's misaligned input) gets copied.
+/// synchronised rank's input in another layout or misaligned) gets copied.
 at::Tensor kernel_ready(const at::Tensor& tensor, at::MemoryFormat format) {
   if (!tensor.defined()) return tensor;
   const at::Tensor contiguous = tensor.contiguous(format);
@@ -61,17 +66,19 @@ at::Tensor kernel_ready(const at::Tensor& tensor, at::MemoryFormat format) {
 
 /// The fused kernels under autograd: saves the input and the output (ReLU's
 /// mask) and the batch's mean and inverse standard deviation. With a group
-/// (null for none), each direction all-reduces its sums between the kernels.
+/// (null for none), each direction all-reduces its sums between the kernels,
+/// and the output comes back in the input's memory format. `has_residual`
+/// tells a given residual that is empty (an empty batch) from none.
 class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input_as_given,
                             const at::Tensor& residual_or_empty, const at::Tensor& weight_or_empty,
                             const at::Tensor& bias_or_empty, const at::Tensor& running_mean_or_empty,
                             const at::Tensor& running_var_or_empty, double momentum, double eps, bool relu,
-                            const std::shared_ptr<ProcessGroup>& group) {
-    const at::MemoryFormat format = input_as_given.suggest_memory_format();
+                            bool has_residual, const std::shared_ptr<ProcessGroup>& group) {
+    const at::MemoryFormat format = kernel_format(input_as_given);
     const at::Tensor input = kernel_ready(input_as_given, format);
-    const at::Tensor residual = kernel_ready(unless_empty(residual_or_empty), format);
+    const at::Tensor residual = has_residual ? kernel_ready(residual_or_empty, format) : at::Tensor();
     const at::Tensor weight = unless_empty(weight_or_empty);
     const at::Tensor bias = unless_empty(bias_or_empty);
     const at::Tensor running_mean = unless_empty(running_mean_or_empty);
@@ -94,9 +101,10 @@ class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFu
     }
     ctx->save_for_backward({input, output, weight_or_empty, mean, invstd, or_empty(moments, input)});
     ctx->saved_data["relu"] = relu;
-    ctx->saved_data["residual"] = residual.defined();
+    ctx->saved_data["residual"] = has_residual;
     ctx->saved_data["weight"] = weight.defined();
-    return output;
+    // The kernels' channels_last output, as the caller's layout: a synchronised rank's input may have come in another.
+    return input_as_given.is_contiguous(format) ? output : output.contiguous(input_as_given.suggest_memory_format());
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -108,7 +116,7 @@ class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFu
     const bool relu = ctx->saved_data["relu"].toBool();
     const bool synchronised = ctx->saved_data.count("group") != 0;
     // The kernels read the gradient in the activations' layout.
-    const at::Tensor grad_output = kernel_ready(grads[0], input.suggest_memory_format());
+    const at::Tensor grad_output = kernel_ready(grads[0], kernel_format(input));
     const auto floats = input.options().dtype(at::kFloat);
     at::Tensor grad_input = at::empty_like(input);
     at::Tensor grad_residual = ctx->saved_data["residual"].toBool() ? at::empty_like(input) : at::Tensor();
@@ -131,6 +139,7 @@ class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFu
             grad_residual,
             affine ? grad_weight : at::Tensor(),
             affine ? grad_bias : at::Tensor(),
+            at::Tensor(),
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
@@ -192,14 +201,15 @@ at::Tensor fused_batch_norm(const at::Tensor& input, const at::Tensor& weight, c
   }
 #endif
 #ifdef DDP_WITH_CUDA_KERNELS
-  // Synchronised, the choice must be every rank's alike: by the layout, not
-  // by this rank's batch (which may be empty) or its alignment (copied).
-  const bool kernels_take_input = group ? detail::fused_batch_norm_layout(input) : detail::fits_fused_batch_norm(input);
+  // Synchronised, the choice must be every rank's alike: not by this rank's
+  // batch (which may be empty), strides or alignment (copied).
+  const bool kernels_take_input =
+      group ? detail::fits_synchronised_batch_norm(input) : detail::fits_fused_batch_norm(input);
   if ((path == FusedBatchNormPath::kAuto || path == FusedBatchNormPath::kLibddp) && fp32_or_none(weight) &&
       fp32_or_none(bias) && fp32_or_none(running_mean) && fp32_or_none(running_var) && kernels_take_input) {
     return FusedBatchNormFunction::apply(
         input, or_empty(residual, input), or_empty(weight, input), or_empty(bias, input), or_empty(running_mean, input),
-        or_empty(running_var, input), options.momentum(), options.eps(), options.relu(), group);
+        or_empty(running_var, input), options.momentum(), options.eps(), options.relu(), residual.defined(), group);
   }
 #endif
   return unfused(input, weight, bias, running_mean, running_var, residual, options);

@@ -580,16 +580,16 @@ void gradient_apply_pass(const Pass& pass, const at::Tensor& grad_output, const 
 
 }  // namespace
 
-bool fused_batch_norm_layout(const at::Tensor& input) {
+bool fits_synchronised_batch_norm(const at::Tensor& input) {
   const c10::ScalarType dtype = input.scalar_type();
   if (!input.is_cuda() || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
-  const bool layout = (input.dim() == 4 && input.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
-                      (input.dim() == 2 && input.is_contiguous());
-  return layout && input.size(1) > 0 && input.size(1) % kNarrowestVector == 0;
+  return (input.dim() == 4 || input.dim() == 2) && input.size(1) > 0 && input.size(1) % kNarrowestVector == 0;
 }
 
 bool fits_fused_batch_norm(const at::Tensor& input) {
-  return fused_batch_norm_layout(input) && input.numel() > 0 &&
+  const bool layout = (input.dim() == 4 && input.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+                      (input.dim() == 2 && input.is_contiguous());
+  return fits_synchronised_batch_norm(input) && layout && input.numel() > 0 &&
          reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kNarrowestVector * input.element_size()) == 0;
 }
 

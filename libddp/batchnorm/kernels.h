@@ -14,10 +14,12 @@ namespace ddp::detail {
 /// empty and its data aligned to 4 elements.
 bool fits_fused_batch_norm(const at::Tensor& input);
 
-/// What of that every rank's input has alike (all but the size of the batch
-/// and the alignment): synchronised BatchNorm chooses its path by this, so
-/// that the ranks meet in the same collectives.
-bool fused_batch_norm_layout(const at::Tensor& input);
+/// What of that every rank's input has alike: CUDA, the dtype, 4 or 2
+/// dimensions, C a multiple of 4; not the batch (an empty one included) nor
+/// the strides or alignment, which a copy into channels_last (contiguous) memory
+/// mends. Synchronised BatchNorm chooses its path by this, so that the ranks
+/// meet in the same collectives.
+bool fits_synchronised_batch_norm(const at::Tensor& input);
 
 /// Forward in training. Writes `output` (as `input`), `mean` and `invstd`
 /// ([C] fp32, the batch's) and updates the running statistics (if defined).

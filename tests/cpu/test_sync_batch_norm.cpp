@@ -37,7 +37,8 @@ TEST(SyncBatchNormGloo, UnderDdpTrainsAsOneProcessOnTheWholeBatch) {
 // the CPU both take sync_batch_norm, whose result the CUDA kernels match.
 TEST(SyncBatchNormGloo, FusedWithResidualAndReluMatchesOneProcess) {
   expect_all_succeeded(run_ranks(3, [](int) {
-    check_fused_sync_batch_norm_matches_one_process(init_gloo(), {4, 0, 2}, torch::kFloat, 1e-4);
+    check_fused_sync_batch_norm_matches_one_process(init_gloo(), {4, 0, 2}, torch::kFloat, 1e-4,
+                                                    /*fused_kernels=*/false);
   }));
 }
 

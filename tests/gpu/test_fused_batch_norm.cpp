@@ -139,23 +139,22 @@ TEST(FusedBatchNorm, AutoTakesCudnnForResNetShapes) {
 
 // Synchronised over two GPUs, libddp's kernels with an all-reduce between
 // their passes equal one process's ATen ops on both ranks' batches: ranks of
-// different sizes, and one with no images (it still joins every collective).
+// different sizes, and one with no images (it still joins every collective,
+// although its empty input has NCHW strides), and NCHW inputs; the kernels'
+// autograd function made every output.
 TEST(FusedBatchNorm, SynchronisedOverNcclMatchesOneProcess) {
   if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
   using namespace ddp::testing;
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
     for (const torch::ScalarType dtype : {torch::kFloat, torch::kBFloat16}) {
-      for (const int rows : {0, 3}) {
-        const torch::Tensor probe =
-            torch::empty({rows, 8, 4, 4}, torch::TensorOptions().device(pg->device()).dtype(dtype))
-                .contiguous(torch::MemoryFormat::ChannelsLast);
-        require(ddp::detail::fused_batch_norm_layout(probe), "the synchronised kernels do not take the test's input");
-      }
       const double tolerance = dtype == torch::kFloat ? 1e-4 : 2e-2;
-      check_fused_sync_batch_norm_matches_one_process(pg, {5, 3}, dtype, tolerance);
-      check_fused_sync_batch_norm_matches_one_process(pg, {4, 0}, dtype, tolerance);
+      check_fused_sync_batch_norm_matches_one_process(pg, {5, 3}, dtype, tolerance, /*fused_kernels=*/true);
+      check_fused_sync_batch_norm_matches_one_process(pg, {4, 0}, dtype, tolerance, /*fused_kernels=*/true);
     }
+    // NCHW input: copied into channels_last for the kernels, the output copied back.
+    check_fused_sync_batch_norm_matches_one_process(pg, {3, 2}, torch::kFloat, 1e-4, /*fused_kernels=*/true,
+                                                    torch::MemoryFormat::Contiguous);
   }));
 }
 

@@ -158,7 +158,8 @@ std::vector<torch::Tensor> fused_batch_of(int rank, int n, torch::ScalarType dty
 
 void require_within(const torch::Tensor& got, const torch::Tensor& expected, double tolerance,
                     const std::string& what) {
-  require(got.sizes() == expected.sizes(), what + ": shape differs from one process's");
+  require(got.defined() && got.sizes() == expected.sizes(),
+          what + ": missing, or its shape differs from one process's");
   if (expected.numel() == 0) return;
   const torch::Tensor a = got.detach().to(torch::kFloat).cpu(), b = expected.detach().to(torch::kFloat).cpu();
   const double scale = std::max(1.0, b.abs().max().item<double>());
@@ -170,11 +171,17 @@ void require_within(const torch::Tensor& got, const torch::Tensor& expected, dou
 
 void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<ProcessGroup>& pg,
                                                      const std::vector<int>& batches, torch::ScalarType dtype,
-                                                     double tolerance) {
+                                                     double tolerance, bool fused_kernels, torch::MemoryFormat layout) {
   const int rank = pg->rank();
   const auto on_device = torch::TensorOptions().device(pg->device());
+  // An empty batch keeps NCHW strides, as an empty convolution's output has them.
   const auto mine = [&](const torch::Tensor& t) {
-    return t.to(on_device.dtype(dtype)).contiguous(torch::MemoryFormat::ChannelsLast);
+    const torch::Tensor here = t.to(on_device.dtype(dtype), /*non_blocking=*/false, /*copy=*/true);
+    return t.numel() > 0 ? here.contiguous(layout) : here;
+  };
+  // Which implementation made `y`: libddp's kernels' autograd function, or ATen's last op.
+  const auto ran_fused = [](const torch::Tensor& y) {
+    return y.grad_fn() && y.grad_fn()->name().find("FusedBatchNormFunction") != std::string::npos;
   };
   std::vector<torch::Tensor> xs, rs, gs;
   for (int r = 0; r < static_cast<int>(batches.size()); ++r) {
@@ -212,7 +219,9 @@ void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<Proce
   auto& comm = pg->communicator();
   require_within(y, slice(expected), tolerance, at + "the output");
   require_within(x.grad(), slice(all_x.grad()), tolerance, at + "the input's gradient");
-  if (n > 0) require_within(residual.grad(), slice(all_r.grad()), tolerance, at + "the residual's gradient");
+  require(ran_fused(y) == fused_kernels, at + (fused_kernels ? "libddp's kernels did not run" : "unexpected kernels"));
+  require(n == 0 || y.is_contiguous(layout), at + "the output is not in the input's memory format");
+  require_within(residual.grad(), slice(all_r.grad()), tolerance, at + "the residual's gradient");
   require_within(summed_over_ranks(comm, weight.grad()), ref_weight.grad(), tolerance, at + "the weight's gradient");
   require_within(summed_over_ranks(comm, bias.grad()), ref_bias.grad(), tolerance, at + "the bias's gradient");
   require_within(running_mean, ref_mean, 1e-5, at + "the running mean");
@@ -222,7 +231,10 @@ void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<Proce
   SyncBatchNorm sync(torch::nn::BatchNormOptions(kFusedChannels).momentum(0.2), pg);
   sync->to(pg->device());
   const torch::Tensor module_x = mine(xs[static_cast<std::size_t>(rank)]).requires_grad_(true);
-  (sync(module_x).to(torch::kFloat) * gs[static_cast<std::size_t>(rank)].to(on_device)).sum().backward();
+  const torch::Tensor module_y = sync(module_x);
+  require(ran_fused(module_y) == fused_kernels,
+          "SyncBatchNorm: " + std::string(fused_kernels ? "libddp's kernels did not run" : "unexpected kernels"));
+  (module_y.to(torch::kFloat) * gs[static_cast<std::size_t>(rank)].to(on_device)).sum().backward();
   torch::nn::BatchNorm2d reference(torch::nn::BatchNorm2dOptions(kFusedChannels).momentum(0.2));
   const torch::Tensor module_all_x = torch::cat(xs).requires_grad_(true);
   (reference(module_all_x) * torch::cat(gs)).sum().backward();

@@ -27,14 +27,16 @@ void check_sync_batch_norm_under_ddp_matches_one_process(const std::shared_ptr<P
 
 /// ddp::fused_batch_norm with the group (BatchNorm over every rank's batch,
 /// the residual add and ReLU), then ddp::SyncBatchNorm, on [n, 8, 4, 4]
-/// channels_last inputs in `dtype` on the group's device, ranks with
-/// `batches[rank]` images (0 allowed): outputs, the input's and residual's
-/// gradients, the weight's and bias's summed over the ranks and the running
-/// statistics equal one process's ATen ops in fp32 on the batches laid end
-/// to end, to `tolerance` of the largest value. On CUDA libddp's fused
-/// kernels run it, on the CPU sync_batch_norm.
+/// inputs in `layout` and `dtype` on the group's device, ranks with
+/// `batches[rank]` images (0 allowed: that rank's empty input has the NCHW
+/// strides an empty convolution output has): outputs (in `layout`), the input's and
+/// residual's gradients, the weight's and bias's summed over the ranks and
+/// the running statistics equal one process's ATen ops in fp32 on the batches
+/// laid end to end, to `tolerance` of the largest value. `fused_kernels`:
+/// whether libddp's kernels must have run it (on CUDA), or ATen's ops (the CPU).
 void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<ProcessGroup>& pg,
                                                      const std::vector<int>& batches, torch::ScalarType dtype,
-                                                     double tolerance);
+                                                     double tolerance, bool fused_kernels,
+                                                     torch::MemoryFormat layout = torch::MemoryFormat::ChannelsLast);
 
 }  // namespace ddp::testing
