@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -99,7 +100,10 @@ class FusedBatchNormFunction : public torch::autograd::Function<FusedBatchNormFu
       detail::fused_batch_norm_forward(input, residual, weight, bias, running_mean, running_var, momentum, eps, relu,
                                        output, mean, invstd);
     }
-    ctx->save_for_backward({input, output, weight_or_empty, mean, invstd, or_empty(moments, input)});
+    // Only a synchronised backward reads the all-reduced moments (their count).
+    std::vector<at::Tensor> saved{input, output, weight_or_empty, mean, invstd};
+    if (group) saved.push_back(moments);
+    ctx->save_for_backward(saved);
     ctx->saved_data["relu"] = relu;
     ctx->saved_data["residual"] = has_residual;
     ctx->saved_data["weight"] = weight.defined();

@@ -179,9 +179,11 @@ void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<Proce
     const torch::Tensor here = t.to(on_device.dtype(dtype), /*non_blocking=*/false, /*copy=*/true);
     return t.numel() > 0 ? here.contiguous(layout) : here;
   };
-  // Which implementation made `y`: libddp's kernels' autograd function, or ATen's last op.
-  const auto ran_fused = [](const torch::Tensor& y) {
-    return y.grad_fn() && y.grad_fn()->name().find("FusedBatchNormFunction") != std::string::npos;
+  // That `y` came from libddp's kernels' autograd function if `fused_kernels`, else from ATen's ops.
+  const auto require_made_as_expected = [&](const torch::Tensor& y, const std::string& what) {
+    const bool by_kernels = y.grad_fn() && y.grad_fn()->name().find("FusedBatchNormFunction") != std::string::npos;
+    require(by_kernels == fused_kernels,
+            what + (fused_kernels ? "libddp's kernels did not run" : "unexpected kernels"));
   };
   std::vector<torch::Tensor> xs, rs, gs;
   for (int r = 0; r < static_cast<int>(batches.size()); ++r) {
@@ -219,7 +221,7 @@ void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<Proce
   auto& comm = pg->communicator();
   require_within(y, slice(expected), tolerance, at + "the output");
   require_within(x.grad(), slice(all_x.grad()), tolerance, at + "the input's gradient");
-  require(ran_fused(y) == fused_kernels, at + (fused_kernels ? "libddp's kernels did not run" : "unexpected kernels"));
+  require_made_as_expected(y, at);
   require(n == 0 || y.is_contiguous(layout), at + "the output is not in the input's memory format");
   require_within(residual.grad(), slice(all_r.grad()), tolerance, at + "the residual's gradient");
   require_within(summed_over_ranks(comm, weight.grad()), ref_weight.grad(), tolerance, at + "the weight's gradient");
@@ -232,8 +234,7 @@ void check_fused_sync_batch_norm_matches_one_process(const std::shared_ptr<Proce
   sync->to(pg->device());
   const torch::Tensor module_x = mine(xs[static_cast<std::size_t>(rank)]).requires_grad_(true);
   const torch::Tensor module_y = sync(module_x);
-  require(ran_fused(module_y) == fused_kernels,
-          "SyncBatchNorm: " + std::string(fused_kernels ? "libddp's kernels did not run" : "unexpected kernels"));
+  require_made_as_expected(module_y, "SyncBatchNorm: ");
   (module_y.to(torch::kFloat) * gs[static_cast<std::size_t>(rank)].to(on_device)).sum().backward();
   torch::nn::BatchNorm2d reference(torch::nn::BatchNorm2dOptions(kFusedChannels).momentum(0.2));
   const torch::Tensor module_all_x = torch::cat(xs).requires_grad_(true);
