@@ -199,6 +199,14 @@ def git_commit():
     return os.environ.get("DDP_GIT_COMMIT") or command_output(["git", "-C", REPO, "rev-parse", "HEAD"]) or "unknown"
 
 
+def first_exception(lines):
+    """The exception line of the first Python traceback in `lines` (the first unindented line after it), or None."""
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback"):
+            return next((later for later in lines[i + 1:] if later and not later[0].isspace()), None)
+    return None
+
+
 def tail(text, chars):
     text = text.strip()
     return text if len(text) <= chars else "..." + text[-chars:]
@@ -287,10 +295,33 @@ def run_one(impl, model, precision, gpus, args, workdir):
         row.update(result)
     else:
         with open(log_path, errors="replace") as log:
-            row["error"] = f"{error}: {tail(log.read(), 3000)}" if os.path.getsize(log_path) else error
+            output = log.read()
+        lines = output.strip().splitlines()
+        cause = first_exception(lines)
+        if cause:
+            error += f" ({cause})"
+        row["error"] = f"{error}: {tail(output, 3000)}" if output else error
+        # Where CI's log shows it: from the first traceback (a worker's; torchrun's own follows it), else the end.
+        first = next((i for i, line in enumerate(lines) if line.startswith("Traceback")), max(0, len(lines) - 40))
+        shown = "\n".join("    " + line for line in lines[first:first + 60])
+        print(f"run_scaling: {name}: {error}; its output:\n{shown}", file=sys.stderr, flush=True)
     row["command"] = shlex.join(command)
     print(f"run_scaling: {name}: {summary(row)}", flush=True)
     return row
+
+
+def run_with_retry(impl, model, precision, gpus, args, workdir):
+    """run_one; a PyTorch run that exited with an error runs once more. PyTorch is the reference, not what is
+    tested, and its 1-process LLaMA run failed once in CI (2026-11-28, exit status 1, cause not shown) where
+    the same command passes when repeated. libddp's runs are never retried (their failure is the finding), nor
+    timed-out runs (a second would double the time lost). A passing retry keeps the first error in the row."""
+    row = run_one(impl, model, precision, gpus, args, workdir)
+    if not impl.startswith("pytorch") or not row.get("error", "").startswith("exit status"):
+        return row
+    print(f"run_scaling: {impl}-{model}-{precision}-{gpus}: running PyTorch's side once more", flush=True)
+    retry = run_one(impl, model, precision, gpus, args, workdir)
+    retry["first_attempt_error"] = row["error"]
+    return retry
 
 
 def stop(process):
@@ -646,7 +677,7 @@ def main():
                             rows.append({"impl": impl, "model": model, "precision": precision, "gpus": gpus,
                                          "unavailable": "no PyTorch in " + sys.executable})
                             continue
-                        rows.append(run_one(impl, model, precision, gpus, args, workdir))
+                        rows.append(run_with_retry(impl, model, precision, gpus, args, workdir))
                         partial.write(json.dumps(rows[-1]) + "\n")
                         partial.flush()
 
