@@ -156,7 +156,10 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     if (!options.momentum().has_value()) momentum = 1.0 / num_batches_tracked.item<double>();
   }
   const bool batch_statistics = is_training() || !options.track_running_stats();
-  if (!batch_statistics || group_->world_size() == 1) {
+  // As PyTorch's SyncBatchNorm, only training synchronises: evaluation without
+  // running statistics normalises each rank's batch by its own, so that ranks
+  // may evaluate different numbers of batches without waiting for each other.
+  if (!is_training() || group_->world_size() == 1) {
     return at::batch_norm(input, weight, bias, running_mean, running_var, batch_statistics, momentum, options.eps(),
                           at::globalContext().userEnabledCuDNN());
   }

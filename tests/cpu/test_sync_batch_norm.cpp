@@ -42,6 +42,32 @@ TEST(SyncBatchNormGloo, FusedWithResidualAndReluMatchesOneProcess) {
   }));
 }
 
+// As PyTorch's: evaluation never synchronises, also without running
+// statistics (each rank normalises with its own batch's), so ranks may
+// evaluate different numbers of batches; training afterwards still does.
+TEST(SyncBatchNormGloo, EvaluationWithoutRunningStatisticsStaysOnItsRank) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(10)));
+    ddp::SyncBatchNorm norm(torch::nn::BatchNormOptions(3).track_running_stats(false), pg);
+    const auto batch = [](int seed, int64_t n) {
+      return torch::randn({n, 3, 2, 2}, at::detail::createCPUGenerator(seed)) * (seed + 1) + seed;
+    };
+    norm->eval();
+    for (int i = 0; i < (rank == 0 ? 2 : 1); ++i) {
+      const torch::Tensor x = batch(10 * rank + i, 2 + rank);
+      const torch::Tensor local = torch::batch_norm(x, norm->weight, norm->bias, {}, {}, true, 0.1, 1e-5, false);
+      require(torch::allclose(norm(x), local, 1e-5, 1e-5), "rank " + std::to_string(rank) + ", evaluation batch " +
+                                                               std::to_string(i) + " differs from its own BatchNorm");
+    }
+    norm->train();
+    const torch::Tensor mine = batch(100 + rank, 3), other = batch(101 - rank, 3);
+    const torch::Tensor whole = rank == 0 ? torch::cat({mine, other}) : torch::cat({other, mine});
+    const torch::Tensor expected = torch::batch_norm(whole, norm->weight, norm->bias, {}, {}, true, 0.1, 1e-5, false);
+    require(torch::allclose(norm(mine), expected.narrow(0, 3 * rank, 3), 1e-5, 1e-5),
+            "rank " + std::to_string(rank) + ", training after evaluation differs from BatchNorm on both batches");
+  }));
+}
+
 TEST(SyncBatchNormGloo, InputOfTheWrongShapeIsRefused) {
   expect_all_succeeded(run_ranks(1, [](int) {
     ddp::SyncBatchNorm norm(torch::nn::BatchNormOptions(3), init_gloo());
