@@ -173,6 +173,11 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
     }
     auto value = [&]() { return has_inline_value ? inline_value : value_of(flag); };
     std::replace(flag.begin(), flag.end(), '_', '-');  // torchrun accepts both spellings
+    if (has_inline_value && (flag == "--help" || flag == "--standalone" || flag == "--tee")) {
+      // A switch: "--tee=false" must not turn it on.
+      throw LaunchUsageError(fmt::format("{} takes no value (got '{}'); give {} alone to turn it on", flag,
+                                         args[i], flag));
+    }
     if (flag == "--help" || flag == "-h") {
       help = true;
       return options;

@@ -44,24 +44,31 @@ std::optional<std::chrono::milliseconds> seconds_from_env(const char* name) {
   if (text == nullptr) return std::nullopt;
   char* end = nullptr;
   const double seconds = std::strtod(text, &end);
-  if (*text == '\0' || *end != '\0' || !(seconds > 0)) {
-    throw UsageError(fmt::format("{} must be a positive number of seconds, got '{}'", name, text));
+  // At least a millisecond (shorter would round to 0, which the store takes
+  // as no limit) and at most a year (longer overflows the milliseconds).
+  constexpr double kLongest = 365.0 * 24 * 3600;
+  if (*text == '\0' || *end != '\0' || !(seconds >= 0.001 && seconds <= kLongest)) {
+    throw UsageError(fmt::format("{} must be a number of seconds from 0.001 to {:.0f}, got '{}'", name, kLongest, text));
   }
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
 }
 
+/// `chosen`, if it is from 1 ms to a year (0 would mean no limit to the
+/// store, and more than a year overflows the deadlines).
+std::chrono::milliseconds within_bounds(std::chrono::milliseconds chosen, const char* option) {
+  if (chosen < std::chrono::milliseconds(1) || chosen > std::chrono::hours(24 * 365)) {
+    throw UsageError(fmt::format("InitOptions::{} must be from 1 ms to one year, got {} ms", option, chosen.count()));
+  }
+  return chosen;
+}
+
 std::chrono::milliseconds choose_rendezvous_timeout(const InitOptions& options) {
-  if (options.rendezvous_timeout()) return *options.rendezvous_timeout();
+  if (options.rendezvous_timeout()) return within_bounds(*options.rendezvous_timeout(), "rendezvous_timeout");
   return seconds_from_env("DDP_RDZV_TIMEOUT").value_or(std::chrono::minutes(5));
 }
 
 std::chrono::milliseconds choose_timeout(const InitOptions& options) {
-  if (options.timeout()) {
-    if (options.timeout()->count() <= 0) {
-      throw UsageError(fmt::format("InitOptions::timeout must be positive, got {} ms", options.timeout()->count()));
-    }
-    return *options.timeout();
-  }
+  if (options.timeout()) return within_bounds(*options.timeout(), "timeout");
   return seconds_from_env("DDP_TIMEOUT").value_or(std::chrono::minutes(10));
 }
 

@@ -241,6 +241,32 @@ TEST(GlooFailures, RendezvousTimeoutComesFromTheLauncherVariable) {
   expect_rendezvous_timeout(ddp::InitOptions().backend(ddp::Backend::kGloo), options);
 }
 
+// A timeout that would round to 0 ms (which the store takes as no limit) or
+// overflow is refused by name before any rendezvous, as a bad value is.
+TEST(GlooFailures, TimeoutVariablesOutOfRangeAreRefused) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    for (const std::string variable : {"DDP_RDZV_TIMEOUT", "DDP_TIMEOUT"}) {
+      for (const std::string value : {"0.0004", "inf", "1e300", "-1", "2s"}) {
+        ::setenv(variable.c_str(), value.c_str(), 1);
+        require_usage_error([] { ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo)); },
+                            variable + " must be a number of seconds from 0.001 to 31536000, got '" + value + "'");
+        ::unsetenv(variable.c_str());
+      }
+    }
+    // The same bounds for the options.
+    require_usage_error(
+        [] {
+          ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::milliseconds::max()));
+        },
+        "InitOptions::timeout must be from 1 ms to one year");
+    require_usage_error(
+        [] {
+          ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).rendezvous_timeout(std::chrono::milliseconds(0)));
+        },
+        "InitOptions::rendezvous_timeout must be from 1 ms to one year");
+  }));
+}
+
 // Two jobs on one MASTER_PORT: a rank of job B that reaches job A's store
 // fails at once, naming both jobs and the port, instead of joining job A.
 TEST(GlooFailures, ARankOfAnotherJobIsRefusedAtRendezvous) {

@@ -80,6 +80,9 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
        "--log-dir " + not_a_folder + "/logs: cannot create the folder"},
       {{"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", probe, "env", dir},
        "--nnodes 2 needs DDP_RDZV_TOKEN"},
+      {{"--standalone", "--tee=false", probe, "env", dir}, "--tee takes no value (got '--tee=false')"},
+      {{"--standalone=no", probe, "env", dir}, "--standalone takes no value (got '--standalone=no')"},
+      {{"--help=0", probe, "env", dir}, "--help takes no value (got '--help=0')"},
   };
   for (const auto& [args, message] : cases) {
     SCOPED_TRACE(message);
