@@ -54,6 +54,14 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
           fmt::join(loaded.sizes(), ", "), fmt::join(target.sizes(), ", ")));
     }
     auto it = trained.find(target.unsafeGetTensorImpl());
+    // A trained parameter's dtype is its fp32 master's where the units hold bf16.
+    const at::ScalarType dtype =
+        sharded != nullptr && it != trained.end() ? sharded->trained_dtype(it->second) : target.scalar_type();
+    if (loaded.scalar_type() != dtype) {
+      throw UsageError(fmt::format(
+          "libddp: the checkpoint holds '{}' in {}, the model's is {}; convert the model to {} before loading", name,
+          c10::toString(loaded.scalar_type()), c10::toString(dtype), c10::toString(loaded.scalar_type())));
+    }
     if (sharded != nullptr && it != trained.end()) {
       const at::Tensor fragment = sharded->fragment_of(it->second);
       if (fragment.defined()) fragment.copy_(sharded->part_of(it->second, loaded));

@@ -1,9 +1,11 @@
 #include "checkpoint/optimizer_param_state.h"
 
+#include <algorithm>
 #include <memory>
 #include <type_traits>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -59,20 +61,33 @@ OptimizerKind kind_of(const torch::optim::Optimizer& optimizer) {
 }
 
 std::vector<std::string> state_tensor_names(OptimizerKind kind, const torch::optim::Optimizer& optimizer) {
-  bool extra = false;
+  // Whether each group keeps the optional tensor (amsgrad's maximum, SGD's momentum).
+  std::vector<bool> extra;
   for (const auto& group : optimizer.param_groups()) {
-    if (kind == OptimizerKind::kAdamW) {
-      extra |= static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad();
-    }
-    if (kind == OptimizerKind::kAdam) extra |= static_cast<const torch::optim::AdamOptions&>(group.options()).amsgrad();
-    if (kind == OptimizerKind::kSgd) {
-      extra |= static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0;
+    switch (kind) {
+      case OptimizerKind::kAdamW:
+        extra.push_back(static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad());
+        break;
+      case OptimizerKind::kAdam:
+        extra.push_back(static_cast<const torch::optim::AdamOptions&>(group.options()).amsgrad());
+        break;
+      case OptimizerKind::kSgd:
+        extra.push_back(static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0);
+        break;
     }
   }
+  const bool any = std::find(extra.begin(), extra.end(), true) != extra.end();
+  if (any && std::find(extra.begin(), extra.end(), false) != extra.end()) {
+    throw UsageError(fmt::format(
+        "libddp: checkpoints of the optimizer's state need {} in every parameter group or in none; {} of {} groups "
+        "have it",
+        kind == OptimizerKind::kSgd ? "momentum" : "amsgrad", std::count(extra.begin(), extra.end(), true),
+        extra.size()));
+  }
   if (kind == OptimizerKind::kSgd)
-    return extra ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+    return any ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
   std::vector<std::string> names{"exp_avg", "exp_avg_sq"};
-  if (extra) names.push_back("max_exp_avg_sq");
+  if (any) names.push_back("max_exp_avg_sq");
   return names;
 }
 

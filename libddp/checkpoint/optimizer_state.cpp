@@ -83,6 +83,9 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<
   }
   std::map<std::string, std::size_t> index_of;
   for (std::size_t i = 0; i < names.size(); ++i) index_of[names[i]] = i;
+  // A parameter the file has no state for had never stepped when it was
+  // saved: it must have none after the load either, whatever it has now.
+  std::vector<bool> loaded(parameters.size(), false);
   for (std::int64_t n = 0; n < count.toInt(); ++n) {
     torch::serialize::InputArchive entry;
     archive.read(fmt::format("p{}", n), entry);
@@ -95,6 +98,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<
                                    "does not train; it belongs to another model",
                                    name.toStringRef()));
     }
+    loaded[it->second] = true;
     const at::Tensor& parameter = parameters[it->second];
     const at::Tensor target = stepped_part(parameters, sharded, it->second);
     ParamState state{step.toInt(), {}};
@@ -116,6 +120,10 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<
                                       : at::empty_like(parameter, at::MemoryFormat::Preserve).copy_(value);
     }
     if (target.defined()) write_param_state(kind, optimizer, target, state);
+  }
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor target = stepped_part(parameters, sharded, i);
+    if (!loaded[i] && target.defined()) erase_param_state(optimizer, target);
   }
 }
 

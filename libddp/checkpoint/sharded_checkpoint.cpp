@@ -18,6 +18,7 @@
 
 #include <ddp/checkpoint.h>
 #include <ddp/errors.h>
+#include <ddp/optim.h>
 
 #include "checkpoint/optimizer_param_state.h"
 #include "reducer/row_major.h"
@@ -379,15 +380,32 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     entry.read("value", value);
     saved_replicated[read(entry, manifest_path, "name").toStringRef()] = value;
   }
-  for (auto& [name, tensor] : replicated_tensors(model)) {
+  const std::vector<std::pair<std::string, at::Tensor>> replicated_here = replicated_tensors(model);
+  for (const auto& [name, tensor] : replicated_here) {
     auto it = saved_replicated.find(name);
     if (it == saved_replicated.end() || it->second.sizes() != tensor.sizes()) {
       throw UsageError(fmt::format(
           "sharded checkpoint '{}' has no buffer or frozen parameter '{}' of shape [{}]; it belongs to another model",
           directory, name, fmt::join(tensor.sizes(), ", ")));
     }
-    tensor.detach().copy_(it->second);
+    if (it->second.scalar_type() != tensor.scalar_type()) {
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' holds '{}' in {}, the model's is {}; convert the model to {} before loading",
+          directory, name, c10::toString(it->second.scalar_type()), c10::toString(tensor.scalar_type()),
+          c10::toString(it->second.scalar_type())));
+    }
   }
+  std::unordered_set<std::string> names_here;
+  for (const auto& entry : replicated_here) names_here.insert(entry.first);
+  for (const auto& entry : saved_replicated) {
+    if (names_here.count(entry.first) == 0) {
+      throw UsageError(fmt::format(
+          "sharded checkpoint '{}' holds a buffer or frozen parameter '{}' that this model does not have; it belongs "
+          "to another model",
+          directory, entry.first));
+    }
+  }
+  for (const auto& [name, tensor] : replicated_here) tensor.detach().copy_(saved_replicated.at(name));
   if (model.sharded != nullptr) model.sharded->shards_written();
 
   if (extra) {
@@ -411,6 +429,10 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
   std::optional<OptimizerKind> kind;
   std::vector<std::string> tensors;
   if (optimizer != nullptr) {
+    // Replays of a recorded step count AdamW's steps on the device.
+    if (const auto* capturable = dynamic_cast<const optim::CapturableOptimizer*>(optimizer)) {
+      capturable->sync_host_state();
+    }
     kind = kind_of(*optimizer);
     tensors = state_tensor_names(*kind, *optimizer);
   }
@@ -430,6 +452,7 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
   const std::vector<std::int64_t> step = kind ? agreed_steps(*kind, *optimizer, model.trained, model.sharded, comm)
                                               : std::vector<std::int64_t>(model.trained.size(), -1);
 
+  const std::string my_file = path_in(directory, rank_file(id, rank));
   std::int64_t bytes = 0;
   std::exception_ptr failure;
   try {
@@ -453,64 +476,71 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
       }
       archive.write(fmt::format("p{}", piece.parameter), entry);
     }
-    const std::string path = path_in(directory, rank_file(id, rank));
-    checkpoint::save(archive, path);
-    bytes = static_cast<std::int64_t>(std::filesystem::file_size(path));
+    checkpoint::save(archive, my_file);
+    bytes = static_cast<std::int64_t>(std::filesystem::file_size(my_file));
   } catch (...) {
     failure = std::current_exception();
   }
-  const std::vector<std::int64_t> file_bytes =
-      agree(comm, bytes, failure, fmt::format("writing sharded checkpoint '{}'", directory));
+  try {
+    const std::vector<std::int64_t> file_bytes =
+        agree(comm, bytes, failure, fmt::format("writing sharded checkpoint '{}'", directory));
 
-  // The manifest commits the checkpoint.
-  checkpoint::save_on_rank0(
-      process_group, path_in(directory, kManifest), [&](torch::serialize::OutputArchive& archive) {
-        archive.write("format", c10::IValue(kFormat));
-        archive.write("id", c10::IValue(id));
-        archive.write("world_size", c10::IValue(static_cast<std::int64_t>(world_size)));
-        archive.write("sharding", c10::IValue(model.sharding));
-        archive.write("file_bytes", c10::IValue(file_bytes));
-        archive.write("optimizer", c10::IValue(std::string(kind ? name_of(*kind) : "")));
-        archive.write("optimizer_tensors", c10::IValue(fmt::format("{}", fmt::join(tensors, ","))));
-        std::vector<SavedParameter> saved(model.trained.size());
-        for (int holder = 0; holder < world_size; ++holder) {
-          for (const Piece& piece : pieces_of(model, holder, world_size)) {
-            SavedParameter& parameter = saved[piece.parameter];
-            parameter.ranks.push_back(holder);
-            parameter.begins.push_back(piece.begin);
-            parameter.lengths.push_back(piece.length);
+    // The manifest commits the checkpoint.
+    checkpoint::save_on_rank0(
+        process_group, path_in(directory, kManifest), [&](torch::serialize::OutputArchive& archive) {
+          archive.write("format", c10::IValue(kFormat));
+          archive.write("id", c10::IValue(id));
+          archive.write("world_size", c10::IValue(static_cast<std::int64_t>(world_size)));
+          archive.write("sharding", c10::IValue(model.sharding));
+          archive.write("file_bytes", c10::IValue(file_bytes));
+          archive.write("optimizer", c10::IValue(std::string(kind ? name_of(*kind) : "")));
+          archive.write("optimizer_tensors", c10::IValue(fmt::format("{}", fmt::join(tensors, ","))));
+          std::vector<SavedParameter> saved(model.trained.size());
+          for (int holder = 0; holder < world_size; ++holder) {
+            for (const Piece& piece : pieces_of(model, holder, world_size)) {
+              SavedParameter& parameter = saved[piece.parameter];
+              parameter.ranks.push_back(holder);
+              parameter.begins.push_back(piece.begin);
+              parameter.lengths.push_back(piece.length);
+            }
           }
-        }
-        for (std::size_t i = 0; i < model.trained.size(); ++i) {
-          const at::Tensor& parameter = model.trained[i];
-          torch::serialize::OutputArchive entry;
-          entry.write("name", c10::IValue(model.names[i]));
-          entry.write("sizes", c10::IValue(parameter.sizes().vec()));
-          entry.write("strides", c10::IValue(flat_layout_strides(parameter)));
-          entry.write("dtype", c10::IValue(std::string(c10::toString(trained_dtype(model, i)))));
-          entry.write("step", c10::IValue(step[i]));
-          entry.write("piece_ranks", c10::IValue(saved[i].ranks));
-          entry.write("piece_begins", c10::IValue(saved[i].begins));
-          entry.write("piece_lengths", c10::IValue(saved[i].lengths));
-          archive.write(fmt::format("p{}", i), entry);
-        }
-        archive.write("parameters", c10::IValue(static_cast<std::int64_t>(model.trained.size())));
-        torch::serialize::OutputArchive replicated;
-        std::int64_t count = 0;
-        for (const auto& [name, tensor] : replicated_tensors(model)) {
-          torch::serialize::OutputArchive entry;
-          entry.write("name", c10::IValue(name));
-          entry.write("value", host_copy(tensor));
-          replicated.write(fmt::format("r{}", count++), entry);
-        }
-        replicated.write("count", c10::IValue(count));
-        archive.write("replicated", replicated);
-        if (extra) {
-          torch::serialize::OutputArchive extra_archive;
-          extra(extra_archive);
-          archive.write("extra", extra_archive);
-        }
-      });
+          for (std::size_t i = 0; i < model.trained.size(); ++i) {
+            const at::Tensor& parameter = model.trained[i];
+            torch::serialize::OutputArchive entry;
+            entry.write("name", c10::IValue(model.names[i]));
+            entry.write("sizes", c10::IValue(parameter.sizes().vec()));
+            entry.write("strides", c10::IValue(flat_layout_strides(parameter)));
+            entry.write("dtype", c10::IValue(std::string(c10::toString(trained_dtype(model, i)))));
+            entry.write("step", c10::IValue(step[i]));
+            entry.write("piece_ranks", c10::IValue(saved[i].ranks));
+            entry.write("piece_begins", c10::IValue(saved[i].begins));
+            entry.write("piece_lengths", c10::IValue(saved[i].lengths));
+            archive.write(fmt::format("p{}", i), entry);
+          }
+          archive.write("parameters", c10::IValue(static_cast<std::int64_t>(model.trained.size())));
+          torch::serialize::OutputArchive replicated;
+          std::int64_t count = 0;
+          for (const auto& [name, tensor] : replicated_tensors(model)) {
+            torch::serialize::OutputArchive entry;
+            entry.write("name", c10::IValue(name));
+            entry.write("value", host_copy(tensor));
+            replicated.write(fmt::format("r{}", count++), entry);
+          }
+          replicated.write("count", c10::IValue(count));
+          archive.write("replicated", replicated);
+          if (extra) {
+            torch::serialize::OutputArchive extra_archive;
+            extra(extra_archive);
+            archive.write("extra", extra_archive);
+          }
+        });
+  } catch (...) {
+    // No manifest names this save's files: left behind, each failed attempt
+    // would add a whole checkpoint of orphans (and a full disk stay full).
+    std::error_code ignored;
+    std::filesystem::remove(my_file, ignored);
+    throw;
+  }
   if (rank == 0) remove_stale_files(directory, id);
 }
 

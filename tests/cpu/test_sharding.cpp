@@ -501,6 +501,105 @@ TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByNa
   }));
 }
 
+// Loading optimizer state replaces the optimizer's own: a parameter without
+// state in the file (it had not stepped at the save) has none afterwards.
+TEST(ShardingCheckpointOneRank, LoadedOptimizerStateReplacesTheOptimizersOwn) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    namespace fs = std::filesystem;
+    const fs::path directory = fs::temp_directory_path() / ("ddp_stale_state_" + std::to_string(::getpid()));
+    auto pg = init_gloo();
+    for (const Sharding mode : {Sharding::kNone, Sharding::kGradients}) {
+      auto model = ddp::DistributedDataParallel<torch::nn::Linear>(
+          torch::nn::Linear(4, 3), pg, ddp::DistributedDataParallelOptions().sharding(mode));
+      torch::optim::AdamW adamw(model.parameters());
+      torch::serialize::OutputArchive saved;
+      model.save_optimizer_state(adamw, saved);
+      model.save_sharded_checkpoint(directory.string(), &adamw);
+      const auto train = [&] {
+        for (int step = 0; step < 3; ++step) {
+          adamw.zero_grad();
+          model(torch::ones({2, 4})).sum().backward();
+          adamw.step();
+        }
+      };
+      train();
+      std::stringstream bytes;
+      saved.save_to(bytes);
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes);
+      model.load_optimizer_state(adamw, archive);
+      require(adamw.state().empty(), "load_optimizer_state kept the state of steps taken after the save");
+      train();
+      model.load_sharded_checkpoint(directory.string(), &adamw);
+      require(adamw.state().empty(), "load_sharded_checkpoint kept the state of steps taken after the save");
+    }
+    remove_tree(directory);
+  }));
+}
+
+// Refused by name instead of loaded wrongly or written half: parameters of
+// another dtype, a buffer this model lacks, amsgrad in some parameter groups
+// only; and a save that fails after the rank files were written removes them.
+TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefused) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    namespace fs = std::filesystem;
+    const fs::path directory = fs::temp_directory_path() / ("ddp_refusals_" + std::to_string(::getpid()));
+    auto pg = init_gloo();
+    const auto& refused = require_usage_error;
+    for (const Sharding mode : {Sharding::kNone, Sharding::kGradients}) {
+      const auto options = ddp::DistributedDataParallelOptions().sharding(mode);
+      torch::nn::Linear in_double(4, 3);
+      in_double->to(torch::kDouble);
+      auto doubles = ddp::DistributedDataParallel<torch::nn::Linear>(in_double, pg, options);
+      torch::serialize::OutputArchive saved;
+      doubles.save_module(saved);
+      std::stringstream bytes;
+      saved.save_to(bytes);
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes);
+      auto floats = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 3), pg, options);
+      refused([&] { floats.load_module(archive); },
+              "holds 'weight' in Double, the model's is Float; convert the model to Double before loading");
+    }
+
+    const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
+    torch::nn::Sequential with_buffers(torch::nn::Linear(4, 3),
+                                       torch::nn::BatchNorm1d(torch::nn::BatchNorm1dOptions(3).affine(false)));
+    auto saving = ddp::DistributedDataParallel<torch::nn::Sequential>(with_buffers, pg, options);
+    saving.save_sharded_checkpoint(directory.string());
+    auto loading = ddp::DistributedDataParallel<torch::nn::Sequential>(torch::nn::Sequential(torch::nn::Linear(4, 3)),
+                                                                       pg, options);
+    refused([&] { loading.load_sharded_checkpoint(directory.string()); },
+            "holds a buffer or frozen parameter '1.num_batches_tracked' that this model does not have");
+
+    auto model = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 3), pg, options);
+    torch::optim::AdamW mixed(
+        {torch::optim::OptimizerParamGroup({model.module()->weight}, std::make_unique<torch::optim::AdamWOptions>(
+                                                                         torch::optim::AdamWOptions().amsgrad(true))),
+         torch::optim::OptimizerParamGroup({model.module()->bias})});
+    model(torch::ones({2, 4})).sum().backward();
+    mixed.step();
+    const std::string groups = "need amsgrad in every parameter group or in none; 1 of 2 groups have it";
+    torch::serialize::OutputArchive state;
+    refused([&] { model.save_optimizer_state(mixed, state); }, groups);
+    refused([&] { model.save_sharded_checkpoint(directory.string(), &mixed); }, groups);
+
+    remove_tree(directory);
+    try {
+      model.save_sharded_checkpoint(directory.string(), nullptr,
+                                    [](torch::serialize::OutputArchive&) { throw std::runtime_error("disk full"); });
+      throw std::logic_error("a save whose extra state failed succeeded");
+    } catch (const std::runtime_error& e) {
+      require_contains(e.what(), "disk full");
+    }
+    for (const auto& entry : fs::directory_iterator(directory)) {
+      require(entry.path().filename().string().find(".rank") == std::string::npos,
+              "a failed save left " + entry.path().filename().string());
+    }
+    remove_tree(directory);
+  }));
+}
+
 // A rank that cannot load its part fails by name, and the others fail too,
 // naming it, instead of training on without it.
 TEST(ShardingCheckpoint, ARankThatCannotLoadFailsEveryRank) {
