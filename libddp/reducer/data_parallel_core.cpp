@@ -109,20 +109,31 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   std::vector<at::Tensor> trained;
   std::vector<std::string> names;
   std::vector<at::Tensor> state;  // every parameter and buffer, copied from rank 0
+  std::vector<std::string> described;  // what each of `state` is, for the check that ranks agree
   // A parameter registered in two modules (tied embedding and output
   // weights) is one parameter, under its first name, as in PyTorch.
   std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module_->named_parameters()) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     state.push_back(item.value());
-    if (!item.value().requires_grad()) continue;
+    const bool is_trained = item.value().requires_grad();
+    described.push_back(fmt::format("{}parameter '{}'", is_trained ? "" : "frozen ", item.key()));
+    if (!is_trained) continue;
     trained.push_back(item.value());
     names.push_back(item.key());
   }
-  if (trained.empty()) throw UsageError("libddp: the module has no parameter that requires a gradient");
-  check_same_parameters_on_all_ranks(comm, names, trained);
-  std::vector<at::Tensor> buffers = module_->buffers();
+  std::vector<at::Tensor> buffers;
+  for (const auto& item : module_->named_buffers()) {
+    buffers.push_back(item.value());
+    described.push_back(fmt::format("buffer '{}'", item.key()));
+  }
   state.insert(state.end(), buffers.begin(), buffers.end());
+  // Every tensor rank 0's copy overwrites, not only the trained ones: a frozen
+  // parameter or buffer of another shape would be filled wrongly, silently.
+  // Before any rank-local refusal, so that a rank that differs cannot leave
+  // the others waiting in this collective.
+  check_same_model_on_all_ranks(comm, described, state);
+  if (trained.empty()) throw UsageError("libddp: the module has no parameter that requires a gradient");
   broadcast_coalesced(comm, state, 0);
   if (options.broadcast_buffers() && !buffers.empty() && process_group_->world_size() > 1) {
     buffer_sync_ = std::make_unique<BufferSync>(std::move(buffers));

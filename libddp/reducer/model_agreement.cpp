@@ -17,11 +17,11 @@ namespace {
 
 constexpr std::int64_t kReportBytes = 1024;
 
-std::vector<std::string> describe(const std::vector<std::string>& names, const std::vector<at::Tensor>& params) {
+std::vector<std::string> describe(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
   std::vector<std::string> lines;
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
     std::ostringstream line;
-    line << "'" << names[i] << "' " << params[i].sizes() << " " << c10::toString(params[i].scalar_type());
+    line << names[i] << " " << tensors[i].sizes() << " " << c10::toString(tensors[i].scalar_type());
     lines.push_back(line.str());
   }
   return lines;
@@ -77,9 +77,9 @@ std::string broadcast_text(Communicator& comm, const std::string& text, int root
 
 }  // namespace
 
-void check_same_parameters_on_all_ranks(Communicator& comm, const std::vector<std::string>& names,
-                                        const std::vector<at::Tensor>& parameters) {
-  const std::vector<std::string> mine = describe(names, parameters);
+void check_same_model_on_all_ranks(Communicator& comm, const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& tensors) {
+  const std::vector<std::string> mine = describe(names, tensors);
   const std::string text = join(mine);
   const auto options = at::TensorOptions().device(comm.device()).dtype(at::kLong);
   at::Tensor summary = at::tensor({static_cast<std::int64_t>(mine.size()), static_cast<std::int64_t>(fnv1a(text))},
@@ -101,11 +101,11 @@ void check_same_parameters_on_all_ranks(Communicator& comm, const std::vector<st
   const std::size_t common = std::min(reference.size(), mine.size());
   for (std::size_t i = 0; i < common && report.empty(); ++i) {
     if (reference[i] != mine[i]) {
-      report = fmt::format("parameter #{}: rank 0 has {}, rank {} has {}", i, reference[i], comm.rank(), mine[i]);
+      report = fmt::format("#{}: rank 0 has {}, rank {} has {}", i, reference[i], comm.rank(), mine[i]);
     }
   }
   if (report.empty() && reference.size() != mine.size()) {
-    report = fmt::format("rank 0 has {} parameters, rank {} has {}; the first {} agree", reference.size(),
+    report = fmt::format("rank 0 has {} parameters and buffers, rank {} has {}; the first {} agree", reference.size(),
                          comm.rank(), mine.size(), common);
   }
   std::string message = "libddp: the model differs between ranks; every rank must build the same model:";

@@ -7,6 +7,7 @@
 
 #include <ddp/ddp.h>
 
+#include "support/collective_checks.h"
 #include "support/ddp_scenarios.h"
 #include "support/multiprocess.h"
 
@@ -121,6 +122,38 @@ TEST_P(DdpGloo, Bf16CompressionStaysClose) {
 
 TEST_P(DdpGloo, MismatchedModelsAreReportedOnEveryRank) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) { check_model_mismatch_is_reported(*init_gloo()); }));
+}
+
+// Rank 0's copy overwrites every parameter and buffer, so they must agree
+// too, not only the trained parameters: a buffer or frozen parameter of
+// another shape is refused on every rank, and so is a rank with nothing to
+// train, at once (it does not leave the others waiting in the check).
+TEST(DdpGlooTwoRanks, MismatchedBuffersAndFrozenParametersAreReportedOnEveryRank) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
+    const auto refused = [&](const torch::nn::Sequential& model, const std::string& expected) {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        ddp::DistributedDataParallel<torch::nn::Sequential> wrapped(model, pg);
+      } catch (const ddp::UsageError& e) {
+        require_contains(e.what(), expected);
+        require(std::chrono::steady_clock::now() - start < std::chrono::seconds(10), "refused only after a timeout");
+        return;
+      }
+      throw std::runtime_error("rank " + std::to_string(rank) + " accepted a model that differs: " + expected);
+    };
+    torch::nn::Sequential buffers(torch::nn::Linear(4, 3));
+    buffers->register_buffer("a", torch::zeros({rank == 0 ? 3 : 2}));
+    refused(buffers, "rank 1: #2: rank 0 has buffer 'a' [3] Float, rank 1 has buffer 'a' [2] Float");
+    torch::nn::Sequential frozen(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2));
+    if (rank == 1) frozen[0]->parameters()[0].requires_grad_(false);
+    refused(frozen, "rank 0 has parameter '0.weight' [3, 4] Float, rank 1 has frozen parameter '0.weight'");
+    torch::nn::Sequential nothing_to_train(torch::nn::Linear(4, 3));
+    if (rank == 1) {
+      for (auto& parameter : nothing_to_train->parameters()) parameter.requires_grad_(false);
+    }
+    refused(nothing_to_train, "rank 1: #0: rank 0 has parameter '0.weight' [3, 4] Float, rank 1 has frozen");
+  }));
 }
 
 TEST_P(DdpGloo, UnusedParameterWithoutTheOptionIsReported) {

@@ -146,8 +146,9 @@ void check_model_mismatch_is_reported(ProcessGroup& pg) {
     DistributedDataParallel<Net> model(net, std::shared_ptr<ProcessGroup>(&pg, [](ProcessGroup*) {}));
   } catch (const UsageError& e) {
     require_contains(e.what(), "the model differs between ranks");
-    require_contains(e.what(), "rank 1: parameter #0: rank 0 has 'trunk.weight' [32, 16] Float, rank 1 has "
-                               "'trunk.weight' [30, 16] Float");
+    require_contains(e.what(),
+                     "rank 1: #0: rank 0 has parameter 'trunk.weight' [32, 16] Float, rank 1 has "
+                     "parameter 'trunk.weight' [30, 16] Float");
     return;
   }
   throw std::runtime_error("DDP accepted models that differ between ranks");
