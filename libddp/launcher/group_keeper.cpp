@@ -94,11 +94,15 @@ GroupKeeper::GroupKeeper() {
   fd_ = fds[1];
 }
 
-GroupKeeper::~GroupKeeper() {
+void GroupKeeper::release() {
   const std::int32_t goodbye = 0;
   if (::write(fd_, &goodbye, sizeof goodbye) != static_cast<ssize_t>(sizeof goodbye)) {
     // The keeper is gone already; nothing to release.
   }
+}
+
+GroupKeeper::~GroupKeeper() {
+  // Unreleased, the close is what ddprun's death would do: the keeper kills.
   ::close(fd_);
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {

@@ -14,7 +14,8 @@ namespace ddp::launcher {
 class GroupKeeper {
  public:
   GroupKeeper();
-  /// Releases the keeper: it exits without killing anything.
+  /// Without release() (an exception left ddprun's supervision) the keeper
+  /// kills as if ddprun had died, so that no worker outlives ddprun.
   ~GroupKeeper();
   GroupKeeper(const GroupKeeper&) = delete;
   GroupKeeper& operator=(const GroupKeeper&) = delete;
@@ -23,6 +24,9 @@ class GroupKeeper {
   void hold(pid_t group);
   /// The keeper's process (a child of ddprun).
   pid_t pid() const { return pid_; }
+  /// The job ended under supervision (every worker reaped): the keeper
+  /// exits without killing anything.
+  void release();
 
  private:
   pid_t pid_ = -1;

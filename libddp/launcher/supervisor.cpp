@@ -422,6 +422,7 @@ int supervise(const LaunchOptions& options) {
     std::fprintf(stderr, "ddprun: restarting all %d local workers (restart %d of %d)\n", options.nproc_per_node,
                  restart + 1, options.max_restarts);
   }
+  keeper.release();  // every worker was reaped; an exception above leaves the keeper to kill them
   if (::close(signal_fd) != 0) throw system_error("close of the signalfd");
   if (::sigprocmask(SIG_SETMASK, &previous, nullptr) != 0) throw system_error("sigprocmask");
   return exit_code;

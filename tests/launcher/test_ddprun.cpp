@@ -316,6 +316,27 @@ TEST(Ddprun, ADescendantThatLeftItsGroupIsKilledWhenTheJobEnds) {
   expect_dies(escaped[0], "a setsid descendant outlived the job");
 }
 
+// ddprun ended by an error of its own while the job runs (here: forwarding a
+// worker's output into a pipe nobody reads) takes the job down with it,
+// grandchildren included, as its death would.
+TEST(Ddprun, AnErrorInsideDdprunLeavesNoWorkerBehind) {
+  ScratchDir scratch;
+  const std::string file = scratch.path() + "/pid_child";
+  const std::string worker =
+      "sleep 300 & echo $! > " + file + ".partial; mv " + file + ".partial " + file + "; sleep 1; echo out; sleep 100";
+  const std::string command = "(trap '' PIPE; exec " + std::string(DDPRUN_PATH) +
+                              " --standalone --nproc-per-node 1 /bin/sh -c '" + worker + "') 2> " + scratch.path() +
+                              "/stderr | true";
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_NE(std::system(command.c_str()), -1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20)) << "ddprun did not end on its error";
+  const std::string output = read_file(scratch.path() + "/stderr");
+  EXPECT_TRUE(contains(output, "Broken pipe")) << output;
+  const std::vector<pid_t> children = wait_for_pid_files(scratch.path(), 1, seconds(1));
+  ASSERT_EQ(children.size(), 1u) << "the worker wrote no pid";
+  expect_dies(children[0], "a worker's child outlived ddprun's error");
+}
+
 // The same descendant when ddprun itself is SIGKILLed: it is in no worker's
 // group, and becomes init's; the group keeper, which saw it, kills it.
 TEST(Ddprun, SigkillOfDdprunLeavesNoDescendantThatLeftItsGroup) {
