@@ -39,22 +39,28 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
         env.rank, env.master_addr, env.master_port, timeout.count(), what, env.world_size));
   };
   const bool one_node = env.world_size == env.local_world_size;
-  if (!one_node && env.rdzv_token.empty()) {
+  // Only a job whose ranks all run here, meeting at a loopback address, is
+  // served on loopback alone: a host name that resolves to 127.0.1.1 on rank
+  // 0's node (Debian's /etc/hosts) is reached by other nodes at its real
+  // address. Any other store is reachable from other hosts, so its ranks
+  // must share a secret.
+  const bool loopback_only = one_node && is_loopback_host(env.master_addr);
+  if (!loopback_only && env.rdzv_token.empty()) {
+    const std::string why = one_node ? fmt::format("MASTER_ADDR={} is not a loopback address", env.master_addr)
+                                     : fmt::format("this job's {} ranks run on several nodes (LOCAL_WORLD_SIZE={})",
+                                                   env.world_size, env.local_world_size);
     throw UsageError(fmt::format(
-        "DDP_RDZV_TOKEN is not set, and this job's {} ranks run on several nodes (LOCAL_WORLD_SIZE={}): anyone who "
-        "can reach {}:{} could join it. Export the same secret on every node before starting it, e.g. "
-        "DDP_RDZV_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n').",
-        env.world_size, env.local_world_size, env.master_addr, env.master_port));
+        "DDP_RDZV_TOKEN is not set, and {}: anyone who can reach {}:{} could join the job. Export the same secret "
+        "for every rank before starting it, e.g. DDP_RDZV_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d "
+        "' \\n'), or on one node use MASTER_ADDR=127.0.0.1 (ddprun does both for you).",
+        why, env.master_addr, env.master_port));
   }
   c10::intrusive_ptr<c10d::Store> store;
   try {
     std::shared_ptr<StoreServer> server;
     if (env.rank == 0) {
       StoreServer::Options serving;
-      // Only a job whose ranks all run here is served on loopback alone: a
-      // host name that resolves to 127.0.1.1 on rank 0's node (Debian's
-      // /etc/hosts) is reached by other nodes at its real address.
-      if (one_node && is_loopback_host(env.master_addr)) serving.host = env.master_addr;
+      if (loopback_only) serving.host = env.master_addr;
       serving.port = env.master_port;
       serving.run_id = env.run_id;
       serving.token = env.rdzv_token;

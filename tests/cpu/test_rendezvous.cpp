@@ -75,4 +75,25 @@ TEST(Rendezvous, AJobAcrossNodesNeedsAToken) {
   EXPECT_TRUE(listening_addresses(env.master_port).empty()) << "the store was served without a secret";
 }
 
+// Started without ddprun and without LOCAL_WORLD_SIZE (it defaults to
+// WORLD_SIZE: "one node"), a job meeting at a routable address would serve
+// its store on every interface: without a secret it is refused.
+TEST(Rendezvous, AStoreReachableFromOtherHostsNeedsAToken) {
+  ddp::Environment env;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.master_addr = "192.0.2.2";  // TEST-NET-1: never this host's, never contacted
+  env.master_port = static_cast<std::uint16_t>(ddp::launcher::free_port());
+  try {
+    ddp::detail::rendezvous(env, std::chrono::seconds(10));
+    ADD_FAILURE() << "a store reachable from other hosts was served without a secret";
+  } catch (const ddp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("DDP_RDZV_TOKEN is not set, and MASTER_ADDR=192.0.2.2 is not a loopback "
+                                         "address: anyone who can reach 192.0.2.2:"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(listening_addresses(env.master_port).empty()) << "the store was served without a secret";
+}
+
 }  // namespace
