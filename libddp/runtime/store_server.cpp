@@ -35,6 +35,13 @@ using store_wire::Writer;
 /// A connection that has not said hello by then is dropped, so that idle
 /// strangers cannot use up the server's descriptors.
 constexpr std::chrono::seconds kHelloDeadline{10};
+/// Connections that have not said hello yet, at most: past it the oldest is
+/// dropped, so that strangers who keep opening connections cannot use up the
+/// descriptors either (a job's own ranks say hello as soon as they connect).
+constexpr std::size_t kMaxStrangers = 128;
+/// Accepted per pass of the loop, so that the hellos of the connections just
+/// accepted are read before a flood of newer ones could push them out.
+constexpr int kAcceptsPerPass = 16;
 
 /// A socket listening on one of `host`'s addresses of `family` at `port`,
 /// or -1 with `error` set.
@@ -122,6 +129,7 @@ struct StoreServer::State {
       if (polled[1].revents & POLLIN) accept_all();
       for (std::size_t i = 2; i < polled.size(); ++i) {
         const int fd = polled[i].fd;
+        if (connections.count(fd) == 0) continue;  // a stranger accept_all dropped to make room
         if (polled[i].revents & (POLLIN | POLLHUP | POLLERR)) {
           if (!receive(fd)) {
             drop(fd);
@@ -140,13 +148,29 @@ struct StoreServer::State {
   }
 
   void accept_all() {
-    for (;;) {
+    for (int accepted = 0; accepted < kAcceptsPerPass; ++accepted) {
       const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN, or a connection that went away
+      if (fd < 0) {
+        // Out of descriptors, the listener stays readable: free one a
+        // stranger holds rather than poll it again at once, in a spin.
+        if (errno == EMFILE || errno == ENFILE) drop_oldest_stranger();
+        return;  // else EAGAIN, or a connection that went away
+      }
       const int on = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
       connections[fd];
+      const auto strangers = std::count_if(connections.begin(), connections.end(),
+                                           [](const auto& entry) { return !entry.second.accepted; });
+      if (static_cast<std::size_t>(strangers) > kMaxStrangers) drop_oldest_stranger();
     }
+  }
+
+  void drop_oldest_stranger() {
+    int oldest = -1;
+    for (const auto& [fd, connection] : connections) {
+      if (!connection.accepted && (oldest < 0 || connection.opened < connections.at(oldest).opened)) oldest = fd;
+    }
+    if (oldest >= 0) drop(oldest);
   }
 
   void drop(int fd) {
@@ -229,7 +253,7 @@ struct StoreServer::State {
       }
       case Op::kGet: {
         const auto found = data.find(reader.string());
-        if (found == data.end()) return false;
+        if (found == data.end()) return park(reader);
         reply.blob(found->second);
         break;
       }
@@ -252,7 +276,7 @@ struct StoreServer::State {
           const bool present = data.count(reader.string()) > 0;  // every key read, present or not
           all = all && present;
         }
-        if (op == Op::kWait && !all) return false;
+        if (op == Op::kWait && !all) return park(reader);
         if (op == Op::kCheck) reply.u8(all ? 1 : 0);
         break;
       }
@@ -288,6 +312,14 @@ struct StoreServer::State {
     }
     if (changed) answer_parked();
     return true;
+  }
+
+  /// False (park the request until its keys arrive) for a request read to
+  /// its end: a malformed one is refused now, not when another client's set
+  /// answers it (which would end that client's connection instead).
+  static bool park(const Reader& reader) {
+    if (!reader.done()) throw store_wire::ProtocolError("a store request with bytes left over");
+    return false;
   }
 
   void answer_parked() {

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -206,6 +207,46 @@ TEST(Store, AStrangerIsReadNoFurtherThanItsHelloAndTheJobGoesOn) {
     EXPECT_FALSE(member.closed());
   }
   EXPECT_EQ(client->get("secret-key"), bytes_of("secret-value")) << "strangers do not disturb the job";
+}
+
+// A member's malformed get of a missing key (bytes after the key) is refused
+// at once; parked, it was answered by the next set of the key, and the error
+// then ended the setting client's connection instead.
+TEST(Store, AMalformedWaitingRequestEndsOnlyItsOwnConnection) {
+  Job job;
+  RawConnection member(job.port);
+  std::vector<std::uint8_t> bytes = store_wire::hello_frame("job-a", "secret-a");
+  const auto request = store_wire::Writer().u8(static_cast<std::uint8_t>(store_wire::Op::kGet)).blob("k").u8(0).frame();
+  bytes.insert(bytes.end(), request.begin(), request.end());
+  member.send(bytes);
+  member.read(SIZE_MAX, 1000ms);
+  EXPECT_TRUE(member.closed()) << "the malformed request was kept";
+  auto client = job.client();
+  client->set("k", bytes_of("v"));
+  EXPECT_EQ(client->get("k"), bytes_of("v")) << "the setting client's connection was ended";
+}
+
+// Strangers who open connection after connection and never say hello hold
+// at most a bounded number of the server's descriptors: with this process
+// limited to 512, 320 of them still leave room for a member. (The server
+// took them all, ran out of descriptors and never read the member's hello.)
+TEST(Store, AFloodOfSilentConnectionsLeavesRoomForTheJob) {
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  if (saved.rlim_max < 512) GTEST_SKIP() << "the hard limit on open files is below 512";
+  rlimit low = saved;
+  low.rlim_cur = 512;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  {
+    Job job;
+    std::vector<std::unique_ptr<RawConnection>> strangers;
+    for (int i = 0; i < 320; ++i) strangers.push_back(std::make_unique<RawConnection>(job.port));
+    std::this_thread::sleep_for(500ms);  // the server accepts them
+    auto member = job.client(3000ms);
+    member->set("key", bytes_of("value"));
+    EXPECT_EQ(member->get("key"), bytes_of("value"));
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
 }
 
 }  // namespace
