@@ -2,10 +2,13 @@
 
 #include <cstdlib>
 #include <functional>
+#include <string>
 
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <ddp/errors.h>
 
 #include "comm/backends.h"
 
@@ -39,11 +42,24 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
 }
 
+/// A LibTorch or Gloo error's first line, without the backtrace after it.
+std::string first_line(const std::exception& e) {
+  const std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
 /// Gloo ops run on the CPU. Without GLOO_SOCKET_IFNAME, c10d picks the
 /// interface that the host name resolves to and falls back to loopback.
-std::shared_ptr<::gloo::transport::Device> make_device() {
+std::shared_ptr<::gloo::transport::Device> make_device(int rank) {
   if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+    try {
+      return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+    } catch (const std::exception& e) {
+      throw UsageError(
+          fmt::format("rank {}: GLOO_SOCKET_IFNAME={} names no network interface Gloo can use on this "
+                      "host ({}); give one that `ip addr` lists, or unset it",
+                      rank, interface, first_line(e)));
+    }
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
@@ -52,9 +68,18 @@ class GlooCommunicator final : public CommunicatorBase {
  public:
   explicit GlooCommunicator(Setup setup) : CommunicatorBase(setup) {
     auto options = c10d::ProcessGroupGloo::Options::create(setup.timeout);
-    options->devices.push_back(make_device());
+    options->devices.push_back(make_device(setup.rank));
     auto store = c10::make_intrusive<c10d::PrefixStore>("ddp/gloo/" + setup.name, setup.store);
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, setup.rank, setup.world_size, options);
+    try {
+      group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store, setup.rank, setup.world_size, options);
+    } catch (const std::exception& e) {
+      // Every rank publishes its address and connects to every other: a rank
+      // that never published (it failed, or never started) leaves the others here.
+      throw Error(
+          fmt::format("libddp: rank {} of {} could not connect the Gloo communicator to the other ranks "
+                      "within {} ms (one that failed or never started is the usual cause): {}",
+                      setup.rank, setup.world_size, setup.timeout.count(), first_line(e)));
+    }
     start_watchdog();
   }
 

@@ -267,6 +267,36 @@ TEST(GlooFailures, TimeoutVariablesOutOfRangeAreRefused) {
   }));
 }
 
+// A rank whose GLOO_SOCKET_IFNAME names no interface is told so in one line;
+// the rank left waiting for it names itself and the connection it waited for
+// within its timeout (both came as raw Gloo errors with backtraces).
+TEST(GlooFailures, ARankThatCannotMakeItsGlooDeviceIsNamedOnEveryRank) {
+  RunOptions options;
+  options.rank_env[1] = {{"GLOO_SOCKET_IFNAME", "nonexistent0"}};
+  expect_all_succeeded(run_ranks(
+      2,
+      [](int rank) {
+        const auto init = [] {
+          ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(3)));
+        };
+        if (rank == 1) {
+          require_usage_error(init, "rank 1: GLOO_SOCKET_IFNAME=nonexistent0 names no network interface");
+          return;
+        }
+        try {
+          init();
+        } catch (const ddp::Error& e) {
+          require_contains(e.what(),
+                           "rank 0 of 2 could not connect the Gloo communicator to the other ranks within "
+                           "3000 ms");
+          require(std::string(e.what()).find('\n') == std::string::npos, "the message has more than one line");
+          return;
+        }
+        throw std::runtime_error("rank 0 connected without rank 1");
+      },
+      options));
+}
+
 // Two jobs on one MASTER_PORT: a rank of job B that reaches job A's store
 // fails at once, naming both jobs and the port, instead of joining job A.
 TEST(GlooFailures, ARankOfAnotherJobIsRefusedAtRendezvous) {
