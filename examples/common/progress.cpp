@@ -40,14 +40,14 @@ std::string duration(double seconds) {
 }  // namespace
 
 Progress::Progress(int rank, std::int64_t total_steps, std::string unit, const std::string& metrics_path,
-                   c10::Device device)
+                   bool resuming, c10::Device device)
     : active_(rank == 0),
       total_steps_(total_steps),
       unit_(std::move(unit)),
       device_(device),
       live_line_(::isatty(STDOUT_FILENO) == 1) {
   if (active_ && !metrics_path.empty()) {
-    metrics_ = std::fopen(metrics_path.c_str(), "a");
+    metrics_ = std::fopen(metrics_path.c_str(), resuming ? "a" : "w");
     if (metrics_ == nullptr) {
       throw std::runtime_error(fmt::format("cannot open the metrics log '{}': {}", metrics_path, std::strerror(errno)));
     }

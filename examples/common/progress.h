@@ -29,8 +29,10 @@ std::int64_t peak_memory_bytes(const c10::Device& device);
 
 class Progress {
  public:
-  /// unit: "img/s" or "tok/s". metrics_path: "" for none. Only rank 0 prints and writes.
-  Progress(int rank, std::int64_t total_steps, std::string unit, const std::string& metrics_path,
+  /// unit: "img/s" or "tok/s". metrics_path: "" for none; a run that
+  /// resumes appends to it (after a "resume" event), any other starts it
+  /// anew. Only rank 0 prints and writes.
+  Progress(int rank, std::int64_t total_steps, std::string unit, const std::string& metrics_path, bool resuming,
            c10::Device device);
   ~Progress();
 

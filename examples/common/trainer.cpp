@@ -87,8 +87,12 @@ TrainerOptions trainer_options(const Flags& flags) {
   options.metrics = flags.str("metrics");
   options.fail_at_step = flags.integer("fail-at-step");
   if (options.steps < 1) flags.fail("--steps must be at least 1");
-  if (!(options.min_lr >= 0) || !std::isfinite(options.min_lr)) {
-    flags.fail(fmt::format("--min-lr must be a finite number >= 0, got {}", flags.str("min-lr")));
+  if (!(options.peak_lr > 0) || !std::isfinite(options.peak_lr)) {
+    flags.fail(fmt::format("--lr must be a finite number > 0, got {}", flags.str("lr")));
+  }
+  if (!(options.min_lr >= 0) || !std::isfinite(options.min_lr) || options.min_lr > options.peak_lr) {
+    flags.fail(fmt::format("--min-lr must be a finite number from 0 to --lr ({}), got {}", flags.str("lr"),
+                           flags.str("min-lr")));
   }
   if (options.clip_grad_norm < 0 || !std::isfinite(options.clip_grad_norm)) {
     flags.fail(fmt::format("--clip-grad-norm must be a finite number >= 0, got {}", flags.str("clip-grad-norm")));
@@ -99,6 +103,10 @@ TrainerOptions trainer_options(const Flags& flags) {
     flags.fail("--warmup, --checkpoint-every and --eval-every must not be negative");
   }
   if (options.resume && options.checkpoint.empty()) flags.fail("--resume needs --checkpoint");
+  // What the LR schedule and the clipping take from the flags: a resume must
+  // continue the same run (--steps may grow: training goes on longer).
+  options.fingerprint = fmt::format("lr={} min_lr={} warmup={} clip={}", options.peak_lr, options.min_lr,
+                                    options.warmup_steps, options.clip_grad_norm);
   return options;
 }
 
@@ -145,11 +153,12 @@ void Trainer::save(const TrainingCallbacks& callbacks, std::int64_t step) {
 double Trainer::run(const TrainingCallbacks& callbacks) {
   const int rank = process_group_->rank();
   const c10::Device device = process_group_->device();
-  Progress progress(rank, options_.steps, options_.unit, options_.metrics, device);
+  const bool resuming = options_.resume && checkpoint_exists(options_.checkpoint, options_.checkpoint_format);
+  Progress progress(rank, options_.steps, options_.unit, options_.metrics, resuming, device);
   ddp::set_process_tf32(policy_);  // the guard covers forward only; backward needs the same math mode
 
   std::int64_t step = 0;
-  if (options_.resume && checkpoint_exists(options_.checkpoint, options_.checkpoint_format)) {
+  if (resuming) {
     TrainingState state;
     state.fingerprint = options_.fingerprint;
     const auto start = std::chrono::steady_clock::now();

@@ -59,7 +59,8 @@ struct TrainerOptions {
 /// learning rate, the step counts and --cuda-graph (on, off or auto).
 void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup,
                        const std::string& default_cuda_graph);
-/// Reads them back (unit, items and fingerprint are the example's to set).
+/// Reads them back (unit and items are the example's to set; the fingerprint
+/// holds the LR schedule's and clipping's flags, for the example to extend).
 TrainerOptions trainer_options(const Flags& flags);
 
 struct TrainingCallbacks {

@@ -87,8 +87,17 @@ at::Tensor read_run_state(torch::serialize::InputArchive& archive, const std::st
 }  // namespace
 
 bool checkpoint_exists(const std::string& path, CheckpointFormat format) {
-  return format == CheckpointFormat::kSharded ? ddp::checkpoint::is_sharded_checkpoint(path)
-                                              : std::filesystem::exists(path);
+  const bool sharded = ddp::checkpoint::is_sharded_checkpoint(path);
+  // The other format's checkpoint is no reason to start afresh (and overwrite it at the first save).
+  if (format == CheckpointFormat::kSharded && std::filesystem::is_regular_file(path)) {
+    throw ddp::UsageError(fmt::format(
+        "--checkpoint {} holds a whole checkpoint (one file); resume it with --checkpoint-format whole", path));
+  }
+  if (format == CheckpointFormat::kWhole && sharded) {
+    throw ddp::UsageError(fmt::format(
+        "--checkpoint {} holds a sharded checkpoint (a folder); resume it with --checkpoint-format sharded", path));
+  }
+  return format == CheckpointFormat::kSharded ? sharded : std::filesystem::exists(path);
 }
 
 void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format,

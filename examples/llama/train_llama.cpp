@@ -180,10 +180,11 @@ int main(int argc, char** argv) try {
   options.items_per_micro_batch = static_cast<double>(batch * config.max_seq_len);
   options.fingerprint = fmt::format(
       "llama dim={} layers={} heads={}/{} ffn={} vocab={} seq={} batch={}x{} ranks={} precision={} "
-      "data={} seed={} uneven={}",
+      "data={} seed={} uneven={} {} beta2={} weight_decay={}",
       config.dim, config.n_layers, config.n_heads, config.n_kv_heads, config.ffn_hidden, config.vocab_size,
       config.max_seq_len, batch, options.grad_accum, process_group->world_size(), ddp::to_string(policy.precision()),
-      flags.str("data"), flags.integer("seed"), flags.str("uneven"));
+      flags.str("data"), flags.integer("seed"), flags.str("uneven"), options.fingerprint, flags.real("beta2"),
+      flags.real("weight-decay"));
   if (process_group->rank() == 0) {
     std::printf("LLaMA %s: %.3f B parameters, %lld layers, dim %lld; %d x %s, %s, %lld x %lld sequences of %lld "
                 "tokens per rank; optimizer %s\n",

@@ -8,6 +8,7 @@
 // warmup then cosine, label smoothing, channels_last. Data: synthetic batches
 // by default, or the shards convert_imagefolder writes (docs/data_formats.md).
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -42,7 +43,8 @@ std::pair<std::string, std::string> evaluate(ddp::DistributedDataParallel<resnet
       ddp::PrecisionGuard guard(policy, device);
       logits = model.module()->forward(batch.images);
     }
-    const at::Tensor top5 = std::get<1>(logits.topk(5, 1));
+    // With fewer than 5 classes every label is among the top 5.
+    const at::Tensor top5 = std::get<1>(logits.topk(std::min<std::int64_t>(5, logits.size(1)), 1));
     const at::Tensor hits = top5.eq(batch.labels.unsqueeze(1));
     counts[0] += batch.labels.size(0);
     counts[1] += hits.select(1, 0).sum();
@@ -144,10 +146,12 @@ int main(int argc, char** argv) try {
 
   options.unit = "img/s";
   options.items_per_micro_batch = static_cast<double>(batch);
-  options.fingerprint =
-      fmt::format("resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={} sync_bn={}", classes,
-                  image_size, batch, options.grad_accum, process_group->world_size(),
-                  ddp::to_string(policy.precision()), flags.str("data"), flags.integer("seed"), sync_bn);
+  options.fingerprint = fmt::format(
+      "resnet50 classes={} image={} batch={}x{} ranks={} precision={} data={} seed={} sync_bn={} {} momentum={} "
+      "weight_decay={} label_smoothing={}",
+      classes, image_size, batch, options.grad_accum, process_group->world_size(), ddp::to_string(policy.precision()),
+      flags.str("data"), flags.integer("seed"), sync_bn, options.fingerprint, flags.real("momentum"),
+      flags.real("weight-decay"), flags.real("label-smoothing"));
   if (process_group->rank() == 0) {
     std::printf("ResNet-50 (%lld classes) on %d x %s, %s, batch %lld x %lld per rank%s\n",
                 static_cast<long long>(classes), process_group->world_size(), device.str().c_str(),

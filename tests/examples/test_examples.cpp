@@ -54,6 +54,14 @@ TEST(ResNet50Example, TrainsAndTheLossFalls) {
   const auto loss = losses(metrics);
   ASSERT_EQ(loss.size(), 16u) << result.output;
   EXPECT_LT(mean_of(loss, 13, 16), 0.8 * mean_of(loss, 1, 4)) << result.output;
+  // Fewer classes than top-5 takes (evaluation failed on topk), and a new
+  // run's metrics log starts anew instead of following the last run's.
+  const auto three = train(TRAIN_RESNET50,
+                           with(kResnet, {"--classes", "3", "--steps", "1", "--warmup", "0", "--metrics", metrics}),
+                           scratch);
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  EXPECT_NE(three.output.find("validation top-1"), std::string::npos) << three.output;
+  EXPECT_EQ(losses(metrics).size(), 1u) << "the metrics log kept the earlier run's steps";
 }
 
 // 59 random 64 x 64 training images: 3 steps of 2 ranks x 8, then 11 left,
@@ -175,8 +183,11 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--resume"}, "--resume needs --checkpoint"},
       {TRAIN_LLAMA, {"--sharding", "zero3"}, "unknown sharding mode 'zero3'; choose none"},
       {TRAIN_LLAMA, {"--checkpoint-format", "zip"}, "unknown --checkpoint-format 'zip'; choose whole or sharded"},
-      {TRAIN_LLAMA, {"--lr", "nan"}, "train_llama: error: Invalid learning rate: nan"},
-      {TRAIN_LLAMA, {"--min-lr", "-1"}, "--min-lr must be a finite number >= 0, got -1"},
+      {TRAIN_LLAMA, {"--lr", "nan"}, "train_llama: error: --lr must be a finite number > 0, got nan"},
+      {TRAIN_LLAMA, {"--lr", "inf"}, "--lr must be a finite number > 0, got inf"},
+      {TRAIN_RESNET50, {"--lr", "0"}, "--lr must be a finite number > 0, got 0"},
+      {TRAIN_LLAMA, {"--min-lr", "-1"}, "--min-lr must be a finite number from 0 to --lr"},
+      {TRAIN_LLAMA, {"--lr", "0.001", "--min-lr", "0.01"}, "--min-lr must be a finite number from 0 to --lr (0.001)"},
       {TRAIN_LLAMA, {"--data", scratch.path() + "/missing.bin"}, "missing.bin"},
       {TRAIN_RESNET50, {"--data", scratch.path() + "/no-such-dir"}, "no-such-dir"},
       {TRAIN_RESNET50, {"--precision", "fp8"}, "no FP8 path"},
@@ -205,6 +216,21 @@ TEST(Examples, BadInputIsRefusedByName) {
   EXPECT_NE(other.exit_code, 0);
   EXPECT_NE(other.output.find("belongs to another run"), std::string::npos) << other.output;
   EXPECT_NE(other.output.find("batch=4x1"), std::string::npos) << other.output;
+  // So is one whose LR schedule differs (it resumed with the new rate, silently).
+  const auto other_lr =
+      train(TRAIN_LLAMA, with(kLlama, {"--steps", "4", "--lr", "0.5", "--checkpoint", checkpoint, "--resume"}), scratch);
+  EXPECT_NE(other_lr.exit_code, 0);
+  EXPECT_NE(other_lr.output.find("lr=0.5 "), std::string::npos) << other_lr.output;
+  // And one of the other format: before, it started afresh and failed at its first save.
+  const auto other_format = train(
+      TRAIN_LLAMA, with(kLlama, {"--steps", "4", "--checkpoint", checkpoint, "--checkpoint-format", "sharded",
+                                 "--resume"}),
+      scratch);
+  EXPECT_NE(other_format.exit_code, 0);
+  EXPECT_NE(other_format.output.find("holds a whole checkpoint (one file); resume it with --checkpoint-format whole"),
+            std::string::npos)
+      << other_format.output;
+  EXPECT_EQ(other_format.output.find("step 1/"), std::string::npos) << "it trained: " << other_format.output;
 }
 
 }  // namespace
