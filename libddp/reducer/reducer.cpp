@@ -31,7 +31,8 @@ Reducer::Reducer(std::vector<at::Tensor> parameters, std::vector<std::string> na
       comm_(comm),
       config_(std::move(config)),
       ready_(parameters_.size(), 0),
-      used_(parameters_.size(), 0) {
+      used_(parameters_.size(), 0),
+      used_without_sync_(parameters_.size(), 0) {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     if (parameters_[i].device() != comm_.device()) {
       throw UsageError(fmt::format(
@@ -325,7 +326,12 @@ std::vector<std::size_t> Reducer::find_unused(const std::vector<at::Tensor>& out
 void Reducer::on_gradient_ready(std::size_t index) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (config_.units) config_.units->gradient_ready(index);
-  if (!armed_) return;  // no_sync, or a forward that did not go through DDP
+  if (!armed_) {  // no_sync, or a forward that did not go through DDP
+    // Its gradient waits in .grad for the next synchronised backward, which
+    // must reduce it even if that backward's own forward did not use it.
+    used_without_sync_[index] = 1;
+    return;
+  }
   if (!finalize_queued_) {
     finalize_queued_ = true;
     std::weak_ptr<Reducer> weak = weak_from_this();
@@ -351,7 +357,7 @@ void Reducer::mark_ready(std::size_t index, bool used) {
         names_[index]));
   }
   ready_[index] = 1;
-  used_[index] = used ? 1 : 0;
+  used_[index] = used || used_without_sync_[index] ? 1 : 0;
   if (reduced_iterations_ == 0) ready_order_.push_back(index);
 
   const auto [bucket_index, slot] = location_[index];
@@ -452,6 +458,7 @@ void Reducer::finalize_backward() {
   std::lock_guard<std::mutex> lock(mutex_);
   const c10::OptionalStreamGuard stream_guard(caller_stream_);
   armed_ = false;
+  std::fill(used_without_sync_.begin(), used_without_sync_.end(), 0);  // mark_ready took it into used_
   if (next_bucket_ < buckets_.size()) {
     std::vector<std::size_t> missing;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {

@@ -189,6 +189,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::size_t next_bucket_ = 0;   // buckets launch strictly in order
   std::vector<std::uint8_t> ready_;
   std::vector<std::uint8_t> used_;
+  /// Parameters that got a gradient in a backward without synchronisation
+  /// (no_sync) since the last synchronised one: used, for find_unused_parameters.
+  std::vector<std::uint8_t> used_without_sync_;
   std::vector<std::size_t> unused_;
   std::optional<std::vector<std::size_t>> static_unused_;
   std::optional<std::vector<std::uint8_t>> static_globally_used_;

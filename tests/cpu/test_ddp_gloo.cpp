@@ -124,6 +124,59 @@ TEST_P(DdpGloo, MismatchedModelsAreReportedOnEveryRank) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) { check_model_mismatch_is_reported(*init_gloo()); }));
 }
 
+// Layer b only where the caller asks for it.
+struct TwoLayersImpl : torch::nn::Module {
+  TwoLayersImpl() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_b) { return use_b ? b(a(x)) : a(x); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TwoLayers);
+
+// With find_unused_parameters, a parameter that got its gradient only in a
+// no_sync micro-batch, on some ranks, is still averaged by the synchronised
+// backward (whose own forward did not use it): every rank steps it as one
+// process would. Before, rank 0 stepped its own gradient and rank 1 none.
+TEST(DdpGlooTwoRanks, AParameterUsedOnlyUnderNoSyncIsAveragedAtTheSynchronisedBackward) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_gloo();
+    torch::manual_seed(0);
+    TwoLayers net, reference;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& item : reference->named_parameters()) item.value().copy_(net->named_parameters()[item.key()]);
+    }
+    ddp::DistributedDataParallel<TwoLayers> model(net, pg,
+                                                  ddp::DistributedDataParallelOptions().find_unused_parameters(true));
+    torch::optim::SGD optimizer(model.parameters(), 0.1), reference_optimizer(reference->parameters(), 0.1);
+    const auto batch = [](int of_rank, int micro) {
+      return torch::linspace(-1, 1, 8).view({2, 4}) * (1 + of_rank + 2 * micro);
+    };
+    for (int step = 0; step < 2; ++step) {
+      optimizer.zero_grad();
+      {
+        auto guard = model.no_sync();
+        model(batch(rank, 0), /*use_b=*/rank == 0).sum().backward();
+      }
+      model(batch(rank, 1), /*use_b=*/false).sum().backward();
+      optimizer.step();
+      // One process: every rank's micro-batches, the loss averaged over the ranks.
+      reference_optimizer.zero_grad();
+      for (int r = 0; r < 2; ++r) {
+        (reference(batch(r, 0), r == 0).sum() / 2).backward();
+        (reference(batch(r, 1), false).sum() / 2).backward();
+      }
+      reference_optimizer.step();
+    }
+    for (const auto& item : reference->named_parameters()) {
+      require(torch::allclose(net->named_parameters()[item.key()], item.value(), 1e-5, 1e-6),
+              "rank " + std::to_string(rank) + ": '" + item.key() + "' differs from one process");
+    }
+  }));
+}
+
 // Rank 0's copy overwrites every parameter and buffer, so they must agree
 // too, not only the trained parameters: a buffer or frozen parameter of
 // another shape is refused on every rank, and so is a rank with nothing to
