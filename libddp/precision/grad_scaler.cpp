@@ -96,9 +96,8 @@ struct GradScaler::Impl {
 
   void require_scale(const char* caller) const {
     if (!scale.defined()) {
-      throw Error(fmt::format("GradScaler::{}: no scale() yet in this iteration; call scaler.scale(loss).backward() "
-                              "before {}",
-                              caller, caller));
+      throw UsageError(fmt::format(
+          "GradScaler::{}: scale() was never called; call scaler.scale(loss).backward() before {}", caller, caller));
     }
   }
 
@@ -144,8 +143,9 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   if (!is_enabled()) return;
   impl_->require_scale("unscale_");
   auto& stage = impl_->stages[&optimizer];
-  if (stage.unscaled) throw Error("GradScaler::unscale_() was already called on this optimizer since the last update()");
-  if (stage.stepped) throw Error("GradScaler::unscale_() called after step(); unscale before stepping");
+  if (stage.unscaled)
+    throw UsageError("GradScaler::unscale_() was already called on this optimizer since the last update()");
+  if (stage.stepped) throw UsageError("GradScaler::unscale_() called after step(); unscale before stepping");
 
   // The reciprocal is taken in double: 1/scale is exact for powers of two,
   // and for the others this is what torch.amp does.
@@ -186,7 +186,8 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     return true;
   }
   auto& stage = impl_->stages[&optimizer];
-  if (stage.stepped) throw Error("GradScaler::step() was already called on this optimizer since the last update()");
+  if (stage.stepped)
+    throw UsageError("GradScaler::step() was already called on this optimizer since the last update()");
   if (!stage.unscaled) unscale_(optimizer);
   stage.stepped = true;
   // Recorded into a CUDA graph, the decision stays on the device: the fused
@@ -208,7 +209,7 @@ void GradScaler::update() {
   if (!is_enabled()) return;
   impl_->require_scale("update");
   if (impl_->stages.empty()) {
-    throw Error("GradScaler::update(): no step() or unscale_() since the last update(); nothing to update from");
+    throw UsageError("GradScaler::update(): no step() or unscale_() since the last update(); nothing to update from");
   }
   at::Tensor found_inf = at::zeros_like(impl_->scale);
   for (const auto& [optimizer, stage] : impl_->stages) {

@@ -86,14 +86,14 @@ TEST(GradScaler, GrowsAfterGrowthIntervalCleanSteps) {
 TEST(GradScaler, RejectsCallsOutOfOrder) {
   Fixture f;
   ddp::GradScaler scaler;
-  EXPECT_THROW(scaler.unscale_(f.optimizer), ddp::Error);  // before scale()
+  EXPECT_THROW(scaler.unscale_(f.optimizer), ddp::UsageError);  // before scale()
   f.backward(scaler);
   scaler.unscale_(f.optimizer);
-  EXPECT_THROW(scaler.unscale_(f.optimizer), ddp::Error);
+  EXPECT_THROW(scaler.unscale_(f.optimizer), ddp::UsageError);
   scaler.step(f.optimizer);
-  EXPECT_THROW(scaler.step(f.optimizer), ddp::Error);
+  EXPECT_THROW(scaler.step(f.optimizer), ddp::UsageError);
   scaler.update();
-  EXPECT_THROW(scaler.update(), ddp::Error);  // no step since
+  EXPECT_THROW(scaler.update(), ddp::UsageError);  // no step since
   EXPECT_THROW(ddp::GradScaler(ddp::GradScalerOptions().growth_factor(0.5)), ddp::UsageError);
   EXPECT_THROW(ddp::GradScaler(ddp::GradScalerOptions().backoff_factor(1.5)), ddp::UsageError);
 }
