@@ -15,9 +15,12 @@ void set_tf32(bool allow) {
 
 /// The autocast state a policy asks for: on with its dtype, or, for fp32 and
 /// tf32, off (a guard for those inside an autocast region really means fp32).
-AutocastState autocast_for(const PrecisionPolicy& policy, c10::DeviceType device_type) {
+/// Refuses fp16 and fp8 off CUDA first (a cheap check there; DDP checks CUDA
+/// devices once), before any state changes.
+AutocastState autocast_for(const PrecisionPolicy& policy, c10::Device device) {
+  if (!device.is_cuda()) policy.check_supported(device);
   if (const auto dtype = policy.autocast_dtype()) return {true, *dtype};
-  return {false, AutocastState::current(device_type).dtype};
+  return {false, AutocastState::current(device.type()).dtype};
 }
 
 }  // namespace
@@ -30,8 +33,9 @@ AutocastState AutocastState::current(c10::DeviceType device_type) {
 
 AutocastStateGuard::AutocastStateGuard(c10::DeviceType device_type, const AutocastState& state)
     : device_type_(device_type), previous_(AutocastState::current(device_type)), entered_(state.enabled) {
-  compat::set_autocast_enabled(device_type_, state.enabled);
+  // The dtype first: ATen may refuse it, and then nothing has changed.
   compat::set_autocast_dtype(device_type_, state.dtype);
+  compat::set_autocast_enabled(device_type_, state.enabled);
   if (entered_) at::autocast::increment_nesting();
 }
 
@@ -46,7 +50,7 @@ AutocastStateGuard::~AutocastStateGuard() {
 PrecisionGuard::PrecisionGuard(const PrecisionPolicy& policy, c10::Device device)
     : previous_tf32_cublas_(at::globalContext().allowTF32CuBLAS()),
       previous_tf32_cudnn_(at::globalContext().allowTF32CuDNN()),
-      autocast_(device.type(), autocast_for(policy, device.type())) {
+      autocast_(device.type(), autocast_for(policy, device)) {
   set_tf32(policy.allow_tf32());
 }
 

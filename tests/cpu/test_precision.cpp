@@ -64,6 +64,10 @@ TEST(Precision, GpuOnlyPoliciesAreRefusedOnTheCpu) {
   } catch (const ddp::UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
   }
+  // A guard refuses them too (fp16 failed in ATen's autocast, fp8 ran as bf16).
+  EXPECT_THROW(ddp::PrecisionGuard(ddp::PrecisionPolicy::parse("fp16"), torch::kCPU), ddp::UsageError);
+  EXPECT_THROW(ddp::PrecisionGuard(ddp::PrecisionPolicy::parse("fp8"), torch::kCPU), ddp::UsageError);
+  EXPECT_FALSE(ddp::AutocastState::current(c10::kCPU).enabled) << "a refused guard left autocast on";
 }
 
 TEST(PrecisionGuard, Bf16AutocastsAMatmulOnTheCpuAndRestoresTheState) {
