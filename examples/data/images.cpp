@@ -116,6 +116,10 @@ void ImageShardWriter::add(const std::uint8_t* pixels, std::int32_t label) {
 
 std::int64_t ImageShardWriter::finish() {
   if (!labels_.empty()) flush();
+  // A dataset written here before may have had more shards of this split,
+  // which a reader would take as part of this one.
+  for (std::int64_t index = shards_; std::filesystem::remove(shard_path(directory_, split_, index)); ++index) {
+  }
   return shards_;
 }
 

@@ -48,7 +48,8 @@ class ImageShardWriter {
 
   /// `pixels`: height * width * 3 bytes, HWC RGB.
   void add(const std::uint8_t* pixels, std::int32_t label);
-  /// Writes the last, partly filled shard. Returns the number of shards.
+  /// Writes the last, partly filled shard and removes higher-numbered shards
+  /// of this split an earlier dataset left there. Returns the number of shards.
   std::int64_t finish();
 
  private:

@@ -87,6 +87,17 @@ TokenDataset::TokenDataset(const std::string& path) : file_(path) {
       throw DataError(path + ": not a token file: no llm.c header (magic " + std::to_string(kTokenFileMagic) +
                       ") and an odd size (" + std::to_string(bytes) + " bytes) for headerless uint16 tokens");
     }
+    // Text read as uint16 pairs of characters trains without complaint:
+    // refuse a file whose start is printable text (real token ids almost
+    // never have both bytes printable; common ones are small).
+    const std::int64_t checked = std::min<std::int64_t>(bytes, 4096);
+    const bool text = bytes > 0 && std::all_of(file_.data(), file_.data() + checked, [](std::uint8_t c) {
+                        return (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\r' || c == '\t';
+                      });
+    if (text) {
+      throw DataError(path + ": looks like text, not tokens (no llm.c header, and its first " +
+                      std::to_string(checked) + " bytes are printable characters); convert it with make_tokens");
+    }
     size_ = bytes / 2;
     tokens_ = file_.data();
   }

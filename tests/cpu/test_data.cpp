@@ -143,6 +143,10 @@ TEST_F(DataTest, BadTokenFilesAreRefusedByName) {
   write_bytes(path("odd.bin"), "abc");
   expect_data_error([&] { data::TokenDataset(path("odd.bin")); }, {path("odd.bin"), "odd size"});
 
+  write_bytes(path("book.txt"), "It was a bright cold day in April,\nand the clocks were striking thirteen.\n");
+  expect_data_error([&] { data::TokenDataset(path("book.txt")); },
+                    {path("book.txt"), "looks like text, not tokens", "make_tokens"});
+
   data::write_token_file(path("good.bin"), at::arange(10, at::kLong), data::TokenType::kUInt16);
   std::string bytes = file_bytes(path("good.bin"));
   write_bytes(path("short.bin"), bytes.substr(0, bytes.size() - 2));
@@ -497,6 +501,15 @@ TEST_F(DataTest, LoaderShufflesEachEpochDifferently) {
   }
   EXPECT_NE(epochs[0], epochs[1]);
   EXPECT_EQ(std::set<std::int64_t>(epochs[1].begin(), epochs[1].end()).size(), 24u);
+}
+
+// Writing a smaller dataset over a larger one leaves none of its shards
+// behind (the reader would have taken them as part of the new one).
+TEST_F(DataTest, AShardWriterRemovesTheShardsOfAnEarlierLargerDataset) {
+  write_constant_images(dir_.string(), "train", 5, 2, 2, /*per_shard=*/1);
+  write_constant_images(dir_.string(), "train", 2, 2, 2, /*per_shard=*/1);
+  EXPECT_EQ(data::ImageShardDataset(dir_.string(), "train").size(), 2);
+  EXPECT_FALSE(fs::exists(data::shard_path(dir_.string(), "train", 2)));
 }
 
 TEST_F(DataTest, LoaderCropsAndFlipsInTrainingAndCentersInValidation) {
