@@ -93,6 +93,9 @@ struct GradScaler::Impl {
   double initial_scale;
   std::int64_t initial_growth_tracker = 0;
   std::unordered_map<const torch::optim::Optimizer*, OptimizerStage> stages;
+  // Optimizers stepped before the last update(): a rank out of batches
+  // (shadow_step) makes as many found-inf agreements as the others make.
+  std::size_t optimizers_per_step = 1;
 
   void require_scale(const char* caller) const {
     if (!scale.defined()) {
@@ -216,6 +219,7 @@ void GradScaler::update() {
     if (stage.found_inf.defined()) found_inf.add_(stage.found_inf);
   }
   update_scale(impl_->scale, impl_->growth_tracker, found_inf, impl_->options);
+  impl_->optimizers_per_step = impl_->stages.size();
   impl_->stages.clear();
 }
 
@@ -226,10 +230,16 @@ void GradScaler::shadow_step() {
     impl_->scale = at::full({1}, impl_->initial_scale, options.dtype(at::kFloat));
     impl_->growth_tracker = at::full({1}, impl_->initial_growth_tracker, options.dtype(at::kInt));
   }
-  auto& stage = impl_->stages[nullptr];
-  stage.found_inf = at::zeros({1}, impl_->scale.options());
-  impl_->agree_across_ranks(stage.found_inf);
+  const std::size_t optimizers = impl_->optimizers_per_step;
+  at::Tensor found_inf = at::zeros({1}, impl_->scale.options());
+  for (std::size_t i = 0; i < optimizers; ++i) {  // the active ranks agree once per optimizer they step
+    at::Tensor agreed = at::zeros({1}, impl_->scale.options());
+    impl_->agree_across_ranks(agreed);
+    found_inf.add_(agreed);
+  }
+  impl_->stages[nullptr].found_inf = found_inf;
   update();
+  impl_->optimizers_per_step = optimizers;
 }
 
 void GradScaler::update(double new_scale) {

@@ -1,14 +1,17 @@
 #include <ddp/join.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/optim/optimizer.h>
 
 #include <ddp/errors.h>
+#include <ddp/grad_scaler.h>
 
 #include "reducer/buffer_sync.h"
 #include "reducer/join_state.h"
@@ -97,9 +100,43 @@ int averaging_ranks(const JoinOptions& options, const Iteration& it) {
   return options.divide_by_initial_world_size() ? 0 : it.active;
 }
 
+/// Throws UsageError on every rank unless every rank's JoinOptions decide
+/// the same collectives and averaging (a scaler, an optimizer or a shadow step
+/// on some ranks only made the joined ranks' collectives differ from the
+/// others': an abort inside Gloo). Collective; before any refusal of one rank's.
+void check_same_join_options_on_all_ranks(Communicator& comm, const JoinOptions& options) {
+  const std::vector<std::pair<const char*, bool>> fields{
+      {"divide_by_initial_world_size", options.divide_by_initial_world_size()},
+      {"grad_scaler", options.grad_scaler() != nullptr},
+      {"grad_scaler enabled", options.grad_scaler() != nullptr && options.grad_scaler()->is_enabled()},
+      {"optimizer", options.optimizer() != nullptr},
+      {"shadow_step", static_cast<bool>(options.shadow_step())}};
+  std::vector<std::int64_t> mine;
+  for (const auto& field : fields) mine.push_back(field.second ? 1 : 0);
+  const auto on_device = at::TensorOptions().dtype(at::kLong).device(comm.device());
+  const at::Tensor input = at::tensor(mine, at::kLong).to(comm.device());
+  at::Tensor all = at::empty({comm.world_size() * static_cast<std::int64_t>(mine.size())}, on_device);
+  comm.all_gather(all, input)->wait();
+  all = all.cpu().view({comm.world_size(), static_cast<std::int64_t>(mine.size())});
+  for (std::size_t f = 0; f < fields.size(); ++f) {
+    const at::Tensor column = all.select(1, static_cast<std::int64_t>(f));
+    if (column.min().item<std::int64_t>() != column.max().item<std::int64_t>()) {
+      std::vector<int> set;
+      for (int r = 0; r < comm.world_size(); ++r) {
+        if (column[r].item<std::int64_t>() != 0) set.push_back(r);
+      }
+      throw UsageError(
+          fmt::format("ddp::Join: JoinOptions differ between ranks: {} is set on rank(s) {} only; give "
+                      "every rank the same options",
+                      fields[f].first, fmt::join(set, ", ")));
+    }
+  }
+}
+
 }  // namespace
 
 void DataParallelCore::enter_join(const JoinOptions& options) {
+  check_same_join_options_on_all_ranks(process_group_->communicator(), options);
   const Sharding sharding = options_.sharding();
   if (sharded_ && options.optimizer() == nullptr && !options.shadow_step()) {
     throw UsageError(

@@ -52,6 +52,40 @@ TEST(JoinGloo, NoSyncUnusedParametersBuffersAndGradScalerMatchOneProcess) {
 }
 
 // A rank that leaves without done() is named by the others' failure, not waited for.
+// One GradScaler over two optimizers: the joined rank agrees on found-inf
+// once per optimizer, as the active ones do (it agreed once: Gloo aborted).
+// JoinOptions that differ between ranks are refused on every rank.
+TEST(JoinGloo, AScalerOverTwoOptimizersAndOptionsThatDifferBetweenRanks) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(20)));
+    torch::manual_seed(0);
+    torch::nn::Sequential net(torch::nn::Linear(4, 4), torch::nn::Linear(4, 2));
+    ddp::DistributedDataParallel<torch::nn::Sequential> model(net, pg);
+    torch::optim::SGD first(net[0]->parameters(), 0.1), second(net[1]->parameters(), 0.1);
+    ddp::GradScaler scaler(ddp::GradScalerOptions().init_scale(1024), pg);
+    {
+      ddp::Join join(model, ddp::JoinOptions().grad_scaler(&scaler));
+      for (int step = 0; step < (rank == 0 ? 3 : 1); ++step) {
+        first.zero_grad();
+        second.zero_grad();
+        scaler.scale(model(torch::full({2, 4}, 1.0 + step + rank)).sum()).backward();
+        scaler.step(first);
+        scaler.step(second);
+        scaler.update();
+      }
+      join.done();
+    }
+    for (const auto& [what, value] : {std::pair<std::string, double>{"the scale", scaler.get_scale()},
+                                      {"the parameters", net->parameters()[0].sum().item<double>()}}) {
+      at::Tensor largest = torch::tensor({value}, torch::kDouble);
+      pg->communicator().all_reduce(largest, ddp::ReduceOp::kMax)->wait();
+      require(largest.item<double>() == value, "rank " + std::to_string(rank) + ": " + what + " differs");
+    }
+    require_usage_error([&] { ddp::Join join(model, ddp::JoinOptions().grad_scaler(rank == 0 ? &scaler : nullptr)); },
+                        "ddp::Join: JoinOptions differ between ranks: grad_scaler is set on rank(s) 0 only");
+  }));
+}
+
 TEST(JoinGloo, ARankThatExitsWithoutJoiningIsNamed) {
   const auto outcomes = run_ranks(2, [](int) { check_exit_without_join_is_named(init_gloo(10)); });
   EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].error;
