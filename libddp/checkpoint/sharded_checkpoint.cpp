@@ -44,6 +44,16 @@ at::ScalarType trained_dtype(const CheckpointedModel& model, std::size_t index) 
   return model.sharded != nullptr ? model.sharded->trained_dtype(index) : model.trained[index].scalar_type();
 }
 
+/// Refuses a tensor the checkpoint holds in another dtype than the model's.
+void require_same_dtype(const std::string& directory, const std::string& name, const std::string& saved,
+                        const std::string& model) {
+  if (saved != model) {
+    throw UsageError(fmt::format(
+        "sharded checkpoint '{}' holds '{}' in {}, the model's is {}; convert the model to {} before loading",
+        directory, name, saved, model, saved));
+  }
+}
+
 std::string path_in(const std::string& directory, const std::string& file) {
   return (std::filesystem::path(directory) / file).string();
 }
@@ -210,13 +220,8 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
           "sharded checkpoint '{}' holds '{}' of shape [{}], the model's is [{}]; it belongs to another model",
           directory, name, fmt::join(sizes, ", "), fmt::join(parameter.sizes(), ", ")));
     }
-    const std::string dtype = read(entry, manifest_path, "dtype").toStringRef();
-    const char* trained = c10::toString(trained_dtype(model, it->second));
-    if (dtype != trained) {
-      throw UsageError(fmt::format(
-          "sharded checkpoint '{}' holds '{}' in {}, the model's is {}; convert the model to {} before loading",
-          directory, name, dtype, trained, dtype));
-    }
+    require_same_dtype(directory, name, read(entry, manifest_path, "dtype").toStringRef(),
+                       c10::toString(trained_dtype(model, it->second)));
     const std::vector<std::int64_t> strides = read(entry, manifest_path, "strides").toIntVector();
     if (c10::IntArrayRef(strides) != c10::IntArrayRef(flat_layout_strides(parameter))) {
       throw UsageError(
@@ -388,12 +393,7 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
           "sharded checkpoint '{}' has no buffer or frozen parameter '{}' of shape [{}]; it belongs to another model",
           directory, name, fmt::join(tensor.sizes(), ", ")));
     }
-    if (it->second.scalar_type() != tensor.scalar_type()) {
-      throw UsageError(fmt::format(
-          "sharded checkpoint '{}' holds '{}' in {}, the model's is {}; convert the model to {} before loading",
-          directory, name, c10::toString(it->second.scalar_type()), c10::toString(tensor.scalar_type()),
-          c10::toString(it->second.scalar_type())));
-    }
+    require_same_dtype(directory, name, c10::toString(it->second.scalar_type()), c10::toString(tensor.scalar_type()));
   }
   std::unordered_set<std::string> names_here;
   for (const auto& entry : replicated_here) names_here.insert(entry.first);
