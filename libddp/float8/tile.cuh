@@ -30,12 +30,24 @@
 
 namespace ddp::detail::float8_tiles {
 
-// One block casts a 64 x 64 tile: each thread loads 16 bytes of each input
-// at a time, and the tile is small enough (4 KiB of FP8 per output) for
-// several blocks per SM to keep enough loads in flight for a memory-bound
-// kernel.
+// One block casts a tile of 64 columns and tile_rows() rows: each thread
+// loads 16 bytes of each input at a time, and the tile is small enough (4 or
+// 8 KiB of FP8 per output) for several blocks per SM to keep enough loads in
+// flight for a memory-bound kernel.
 constexpr int kTile = 64;
 constexpr int kThreads = 256;
+
+/// Rows of a tile: 64, or more where that would leave a thread fewer than
+/// four 16-byte loads in flight (one bf16 or fp16 input: 32 rows per pass,
+/// 128 rows). With two loads per thread the bf16 casts ran at 0.70 of the
+/// copy bandwidth, where fp32's four reached 0.89 (H200, 2026-11-26); with
+/// 128 rows 0.92-0.95 against 0.88 in an A/B on one H100 (2026-11-28).
+template <typename T, int kInputs>
+__host__ __device__ constexpr int tile_rows() {
+  constexpr int rows_per_pass = kThreads / (kTile / static_cast<int>(16 / sizeof(T)));
+  constexpr int four_loads = rows_per_pass * 4 / kInputs;
+  return four_loads > kTile ? four_loads : kTile;
+}
 // Row stride of an FP8 tile in shared memory, in 32-bit words: odd, so that
 // the transposing reads (8 rows x 4 words per warp) hit 32 different banks.
 constexpr int kTileStrideWords = kTile / 4 + 1;
@@ -90,7 +102,7 @@ struct TileArgs {
   bool vectorized, rows_aligned;
 };
 
-/// The cast of one 64 x 64 tile: loads every input at a position, calls
+/// The cast of one tile (64 columns, tile_rows() rows): loads every input at a position, calls
 /// compute(x, y) with their values as floats (x[kInputs] -> y[kOutputs]),
 /// and writes y[o] * scale_o, saturated, to output o: row-major to `data`,
 /// and with kTransposed to `transposed` ([cols, rows] row-major) through
@@ -106,15 +118,17 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int kVector = 16 / sizeof(T);  // elements per 16-byte load
   constexpr int kVectorsPerRow = kTile / kVector;
   constexpr int kRowsPerPass = kThreads / kVectorsPerRow;
-  constexpr int kPasses = kTile / kRowsPerPass;  // rows of the tile each thread casts
-  static_assert(kVector % 4 == 0 && kThreads % kVectorsPerRow == 0 && kTile % kRowsPerPass == 0);
+  constexpr int kTileRows = tile_rows<T, kInputs>();
+  constexpr int kPasses = kTileRows / kRowsPerPass;  // rows of the tile each thread casts
+  static_assert(kVector % 4 == 0 && kThreads % kVectorsPerRow == 0 && kTileRows % kRowsPerPass == 0 &&
+                kTileRows % kTile == 0);
 
-  __shared__ uint32_t tile[kTransposed ? kOutputs : 1][kTile * kTileStrideWords];
+  __shared__ uint32_t tile[kTransposed ? kOutputs : 1][kTileRows * kTileStrideWords];
   __shared__ int warp_amax[kOutputs][kThreads / 32];
 
   const int64_t rows = args.rows;
   const int64_t cols = args.cols;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) / args.col_tiles * kTile;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) / args.col_tiles * kTileRows;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) % args.col_tiles * kTile;
   float scale[kOutputs];
   int max_bits[kOutputs];
@@ -210,38 +224,41 @@ __global__ void __launch_bounds__(kThreads)
 
   if constexpr (kTransposed) {
     __syncthreads();
-    // Each thread transposes a 4 x 4 block of bytes: 4 rows' words of the
+    // Each thread transposes 4 x 4 blocks of bytes: 4 rows' words of the
     // same 4 columns become 4 words of 4 rows each, one per column. A warp
-    // covers 8 blocks down (32 bytes of each output row) and 4 across.
+    // covers 8 blocks down (32 bytes of each output row) and 4 across; the
+    // block's warps cover 64 rows at a time.
     const int lane = threadIdx.x % 32;
     const int warp = threadIdx.x / 32;
-    const int block_row = lane % 8 + 8 * (warp % 2);  // in 4-row units
     const int block_col = lane / 8 + 4 * (warp / 2);  // in 4-column units
-    const int64_t row = row0 + 4 * block_row;
 #pragma unroll
-    for (int o = 0; o < kOutputs; ++o) {
-      uint8_t* const out_t = args.outputs[o].transposed;
-      if (out_t == nullptr || row >= rows) continue;
-      uint32_t in[4];
+    for (int block_row = lane % 8 + 8 * (warp % 2); block_row < kTileRows / 4; block_row += 16) {  // in 4-row units
+      const int64_t row = row0 + 4 * block_row;
 #pragma unroll
-      for (int r = 0; r < 4; ++r) in[r] = tile[o][(4 * block_row + r) * kTileStrideWords + block_col];
-      const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
-      const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
-      const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
-      const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
-      const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                                   __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+      for (int o = 0; o < kOutputs; ++o) {
+        uint8_t* const out_t = args.outputs[o].transposed;
+        if (out_t == nullptr || row >= rows) continue;
+        uint32_t in[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int64_t out_row = col0 + 4 * block_col + c;
-        if (out_row >= cols) break;
-        uint8_t* destination = out_t + out_row * rows + row;
-        if (args.rows_aligned) {
-          *reinterpret_cast<uint32_t*>(destination) = columns[c];
-        } else {
+        for (int r = 0; r < 4; ++r) in[r] = tile[o][(4 * block_row + r) * kTileStrideWords + block_col];
+        const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
+        const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
+        const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
+        const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
+        const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
+                                     __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if (row + i < rows) destination[i] = columns[c] >> (8 * i) & 0xFF;
+        for (int c = 0; c < 4; ++c) {
+          const int64_t out_row = col0 + 4 * block_col + c;
+          if (out_row >= cols) break;
+          uint8_t* destination = out_t + out_row * rows + row;
+          if (args.rows_aligned) {
+            *reinterpret_cast<uint32_t*>(destination) = columns[c];
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (row + i < rows) destination[i] = columns[c] >> (8 * i) & 0xFF;
+            }
           }
         }
       }
@@ -379,14 +396,15 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
 
   const c10::cuda::CUDAGuard device_guard(first.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(first.get_device());
-  // An empty input still takes one block, which writes the inverse scales.
-  const int64_t row_tiles = std::max<int64_t>(1, (rows + kTile - 1) / kTile);
   args.col_tiles = std::max<int64_t>(1, (cols + kTile - 1) / kTile);
-  TORCH_CHECK(row_tiles * args.col_tiles <= INT32_MAX, what, "input of ", first.sizes(), " has too many tiles");
-  const dim3 grid(static_cast<unsigned>(row_tiles * args.col_tiles));
   const bool e4m3 = float8_dtype == at::kFloat8_e4m3fn;
   auto with_type = [&](auto type) {
     using T = decltype(type);
+    // An empty input still takes one block, which writes the inverse scales.
+    constexpr int kTileRows = tile_rows<T, kInputs>();
+    const int64_t row_tiles = std::max<int64_t>(1, (rows + kTileRows - 1) / kTileRows);
+    TORCH_CHECK(row_tiles * args.col_tiles <= INT32_MAX, what, "input of ", first.sizes(), " has too many tiles");
+    const dim3 grid(static_cast<unsigned>(row_tiles * args.col_tiles));
     if (e4m3) {
       launch_with_format<T, kInputs, kOutputs, Compute, __NV_E4M3>(args, compute, grid, stream);
     } else {
