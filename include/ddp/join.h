@@ -77,7 +77,9 @@ struct DDP_API JoinOptions {
 ///
 /// Sharding modes: a rank out of batches also meets the parameter gathers
 /// and reduce-scatters, receives its shard of the averaged gradients and
-/// steps it (JoinOptions::optimizer, shadow_step). Sharding::kFull's unit
+/// steps it (JoinOptions::optimizer, shadow_step), also where it had no
+/// batch at all: its GradScaler starts from the scale the others started
+/// from (it scales a zero loss before each shadow step). Sharding::kFull's unit
 /// gathers and reductions come in an order autograd decides: the rank
 /// repeats those of its own last forward of the same kind, so every forward
 /// of a kind must run the same units, each rank must have run one of each

@@ -241,6 +241,10 @@ void DataParallelCore::shadow_step() {
     if (scaler != nullptr) scaler->shadow_step();
     return;
   }
+  // A rank that had no batch at all never called scale(): scaling a zero
+  // loss gives its scaler the scale the others started from, which its
+  // step unscales its shard of their gradients with.
+  if (scaler != nullptr) scaler->scale(at::zeros({}, at::TensorOptions().device(process_group_->device())));
   if (options.shadow_step()) {
     options.shadow_step()();
     return;

@@ -161,14 +161,16 @@ void ShardedParameters::gather(bool defer_units) {
   // forward that follows.
   // Collectives run in order on the communicator's stream: the buckets the
   // forward waits for at its start go first, or waiting for them would wait
-  // for every deferred unit gather queued before them too.
+  // for every deferred unit gather queued before them too. The order is the
+  // same whether units are deferred or not: a rank that joined before its
+  // first forward defers none, and must still pair its gathers with the others'.
   std::vector<std::shared_ptr<Work>> works;
-  for (const bool deferred : {false, true}) {
+  for (const bool units : {false, true}) {
     for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
-      if (bucket->transient || (defer_units && bucket->in_unit) != deferred) continue;
+      if (bucket->transient || bucket->in_unit != units) continue;
       const std::int64_t shard = bucket->layout.shard_numel;
       auto work = comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard));
-      if (deferred) {
+      if (units && defer_units) {
         bucket->gathering = std::move(work);
       } else {
         works.push_back(std::move(work));

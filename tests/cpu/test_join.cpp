@@ -114,6 +114,22 @@ TEST(JoinGloo, GradientShardingAveragedOverTheActiveRanksMatchesOneProcess) {
   expect_join_matches_one_process(s);
 }
 
+// A rank with no batch at all joins before its first forward: it has seen no
+// unit run, yet meets the others' gathers in their order, and its GradScaler
+// agrees on the inf step of a rank that trains.
+TEST(JoinGloo, OptimizerShardingWithARankThatHasNoBatchMatchesOneProcess) {
+  JoinScenario s = sharded_scenario(ddp::Sharding::kOptimizer);
+  s.batches = {4, 0, 3};
+  expect_join_matches_one_process(s);
+}
+
+TEST(JoinGloo, GradientShardingWithARankThatHasNoBatchMatchesOneProcess) {
+  JoinScenario s = sharded_scenario(ddp::Sharding::kGradients);
+  s.batches = {0, 4, 3};
+  s.divide_by_initial_world_size = false;
+  expect_join_matches_one_process(s);
+}
+
 // kFull: the joined rank repeats the unit gathers and reductions of its own
 // last forward of each kind (training and evaluation here).
 TEST(JoinGloo, FullShardingMatchesOneProcess) {
