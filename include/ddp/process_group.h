@@ -36,6 +36,17 @@ struct InitOptions {
   /// allocator.
   /// Unset: DDP_COPY_ENGINE_REDUCTIONS (1 or 0), else off.
   TORCH_ARG(std::optional<bool>, copy_engine_reductions) = std::nullopt;
+  /// Debugging a hang or wrong values across ranks: before each collective the
+  /// ranks all-gather what each is about to issue (operation, dtype, element
+  /// count, root or reduction) and, where they differ, every rank throws a
+  /// CollectiveError listing them, instead of a hang or, where the sizes
+  /// differ, silently wrong data (PyTorch's TORCH_DISTRIBUTED_DEBUG=DETAIL).
+  /// Two tensors of one size and dtype issued in another order look alike.
+  /// One extra small collective and a host synchronisation per collective, so
+  /// for debugging only; collectives recorded into a CUDA graph are checked
+  /// when the eager warm-up steps run them, not in the replays.
+  /// Unset: DDP_CHECK_COLLECTIVES (1 or 0), else off.
+  TORCH_ARG(std::optional<bool>, check_collectives) = std::nullopt;
 };
 
 /// Membership of this process in a job: its coordinates, its device and the

@@ -4,10 +4,14 @@
 #include <iostream>
 #include <vector>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
 #include <ddp/errors.h>
+
+#include "cuda/stream_capture.h"
 
 namespace ddp::detail {
 namespace {
@@ -25,6 +29,24 @@ class CompletedOp final : public BackendOp {
 
 std::string describe_tensor(const at::Tensor& tensor) {
   return fmt::format("{} x {} on {}", tensor.numel(), c10::toString(tensor.scalar_type()), tensor.device().str());
+}
+
+// The collectives check_same_on_every_rank tells apart, by their index here.
+constexpr const char* kCheckedOps[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"};
+constexpr int kFingerprintFields = 5;  // sequence, operation, dtype, element count, root or reduction
+
+/// What a rank's fingerprint says it was about to issue.
+std::string describe_fingerprint(const std::int64_t* fingerprint) {
+  const std::int64_t op = fingerprint[1];
+  const std::string name = op >= 0 && op < static_cast<std::int64_t>(std::size(kCheckedOps)) ? kCheckedOps[op] : "?";
+  const auto dtype = static_cast<c10::ScalarType>(fingerprint[2]);
+  std::string argument;
+  if (name == "all_reduce" || name == "reduce_scatter") {
+    argument = to_string(static_cast<ReduceOp>(fingerprint[4])) + ", ";
+  } else if (name == "broadcast") {
+    argument = fmt::format("root {}, ", fingerprint[4]);
+  }
+  return fmt::format("{} #{} ({}{} x {})", name, fingerprint[0], argument, fingerprint[3], c10::toString(dtype));
 }
 
 CollectiveError make_error(const CollectiveWork& work, std::string message, int rank) {
@@ -120,6 +142,7 @@ CommunicatorBase::CommunicatorBase(Setup setup)
     : rank_(setup.rank),
       world_size_(setup.world_size),
       timeout_(setup.timeout),
+      check_collectives_(setup.check_collectives),
       board_(setup.store, "ddp/progress/" + setup.name + "/", setup.rank, setup.world_size,
              std::move(setup.reconnect)) {}
 
@@ -140,6 +163,46 @@ void CommunicatorBase::check_tensor(const at::Tensor& tensor, const char* op, co
   }
 }
 
+void CommunicatorBase::check_same_on_every_rank(const char* op, c10::ScalarType dtype, std::int64_t numel,
+                                                std::int64_t argument) {
+  // A recorded step cannot wait on the host; its collectives were checked
+  // when its eager warm-up steps ran them.
+  if (!check_collectives_ || world_size_ == 1 || current_stream_capturing()) return;
+  const auto op_index = std::find_if(std::begin(kCheckedOps), std::end(kCheckedOps),
+                                     [op](const char* name) { return std::string(name) == op; }) -
+                        std::begin(kCheckedOps);
+  std::int64_t sequence = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    sequence = progress_.issued + 2;  // the check below is issued first
+  }
+  const at::Tensor mine =
+      at::tensor(std::vector<std::int64_t>{sequence, op_index, static_cast<std::int64_t>(dtype), numel, argument},
+                 at::kLong)
+          .to(device());
+  const at::Tensor all = at::empty({world_size_ * kFingerprintFields}, mine.options());
+  issue("collective check", describe_fingerprint(mine.cpu().data_ptr<std::int64_t>()), [&]() {
+    return launch_all_gather(all, mine);
+  })->wait();
+  const at::Tensor fingerprints = all.cpu();
+  const std::int64_t* values = fingerprints.data_ptr<std::int64_t>();
+  bool same = true;
+  for (int rank = 1; rank < world_size_; ++rank) {
+    same = same && std::equal(values, values + kFingerprintFields, values + rank * kFingerprintFields);
+  }
+  if (same) return;
+  std::string issued;
+  for (int rank = 0; rank < world_size_; ++rank) {
+    issued += fmt::format("\n  rank {}: {}", rank, describe_fingerprint(values + rank * kFingerprintFields));
+  }
+  throw CollectiveError(
+      fmt::format("libddp: the ranks were about to issue different collectives (DDP_CHECK_COLLECTIVES):{}\nEvery "
+                  "rank must issue the same collectives in the same order, with the same sizes; the first rank "
+                  "that differs names the code path to look at.",
+                  issued),
+      op, static_cast<std::uint64_t>(sequence), rank_);
+}
+
 std::shared_ptr<Work> CommunicatorBase::all_reduce(const at::Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "all_reduce", "input");
   if (op == ReduceOp::kAvg && !at::isFloatingType(tensor.scalar_type())) {
@@ -147,6 +210,7 @@ std::shared_ptr<Work> CommunicatorBase::all_reduce(const at::Tensor& tensor, Red
                                  "divide, or convert the tensor",
                                  c10::toString(tensor.scalar_type())));
   }
+  check_same_on_every_rank("all_reduce", tensor.scalar_type(), tensor.numel(), static_cast<std::int64_t>(op));
   // On one rank the result is the tensor itself. NCCL would still run a
   // kernel over it (an average scales every element by 1): 5 ms of a
   // LLaMA-1.1B step's gradients on an H200.
@@ -171,6 +235,7 @@ std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int 
     throw UsageError(fmt::format("libddp: broadcast: root {} is not a rank of this job (0..{})", root,
                                  world_size_ - 1));
   }
+  check_same_on_every_rank("broadcast", tensor.scalar_type(), tensor.numel(), root);
   return issue("broadcast", fmt::format("root {}, {}", root, describe_tensor(tensor)),
                [&]() {
                  return tensor.numel() == 0 || world_size_ == 1 ? nullptr : launch_broadcast(tensor, root);
@@ -192,6 +257,7 @@ std::shared_ptr<Work> CommunicatorBase::all_gather(const at::Tensor& output, con
   check_tensor(input, "all_gather", "input");
   check_tensor(output, "all_gather", "output");
   check_world_multiple(output, input.numel(), input.scalar_type(), "all_gather", "output");
+  check_same_on_every_rank("all_gather", input.scalar_type(), input.numel(), 0);
   return issue("all_gather", describe_tensor(input),
                [&]() {
                  return input.numel() == 0 ? nullptr : launch_all_gather(output, input);
@@ -213,6 +279,7 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const at::Tensor& output,
                                  "divide, or convert the tensor",
                                  c10::toString(input.scalar_type())));
   }
+  check_same_on_every_rank("reduce_scatter", input.scalar_type(), input.numel(), static_cast<std::int64_t>(op));
   return issue("reduce_scatter", fmt::format("{}, {}", to_string(op), describe_tensor(input)),
                [&]() -> std::unique_ptr<BackendOp> {
                  if (output.numel() == 0) return nullptr;
@@ -225,6 +292,7 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const at::Tensor& output,
 
 void CommunicatorBase::barrier() {
   auto token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device()));
+  check_same_on_every_rank("barrier", token.scalar_type(), token.numel(), 0);
   issue("barrier", "1 element", [&]() {
     return launch_all_reduce(token, ReduceOp::kSum);
   })->wait();

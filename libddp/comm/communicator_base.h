@@ -99,6 +99,7 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
     c10::intrusive_ptr<c10d::Store> store;  ///< For progress reports.
     ProgressBoard::Reconnect reconnect;     ///< For reading them when a collective fails (may be empty).
     std::string name;                       ///< Distinguishes communicators in the store.
+    bool check_collectives = false;         ///< InitOptions::check_collectives.
   };
 
   explicit CommunicatorBase(Setup setup);
@@ -149,6 +150,10 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   using LaunchFn = std::function<std::unique_ptr<BackendOp>()>;
   std::shared_ptr<Work> issue(const char* op, std::string detail, const LaunchFn& launch);
   void check_tensor(const at::Tensor& tensor, const char* op, const char* role) const;
+  /// With check_collectives, before each collective: every rank must be about
+  /// to issue the same one (operation, dtype, element count, root or reduction),
+  /// or every rank throws a CollectiveError naming what each issued.
+  void check_same_on_every_rank(const char* op, c10::ScalarType dtype, std::int64_t numel, std::int64_t argument);
   /// Throws UsageError unless `whole` holds world_size() x `part_numel` elements of `dtype`.
   void check_world_multiple(const at::Tensor& whole, std::int64_t part_numel, c10::ScalarType dtype, const char* op,
                             const char* whole_role) const;
@@ -172,6 +177,7 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   const int rank_;
   const int world_size_;
   const std::chrono::milliseconds timeout_;
+  const bool check_collectives_;
   ProgressBoard board_;
 
   std::mutex launch_mutex_;  // orders launches against abort()

@@ -72,19 +72,19 @@ std::chrono::milliseconds choose_timeout(const InitOptions& options) {
   return seconds_from_env("DDP_TIMEOUT").value_or(std::chrono::minutes(10));
 }
 
+/// `chosen` if set, else the variable `name` (1 or 0), else off.
+bool switch_from(const std::optional<bool>& chosen, const char* name) {
+  if (chosen) return *chosen;
+  const char* text = std::getenv(name);
+  if (text == nullptr) return false;
+  const std::string value = text;
+  if (value != "0" && value != "1") throw UsageError(fmt::format("{} must be 1 or 0, got '{}'", name, value));
+  return value == "1";
+}
+
 /// Whether large all-reduces take the copy engines (InitOptions::copy_engine_reductions).
 bool choose_copy_engine_reductions(const InitOptions& options, Backend backend, const Environment& env) {
-  bool wanted = false;
-  if (options.copy_engine_reductions()) {
-    wanted = *options.copy_engine_reductions();
-  } else if (const char* text = std::getenv("DDP_COPY_ENGINE_REDUCTIONS")) {
-    const std::string value = text;
-    if (value != "0" && value != "1") {
-      throw UsageError(fmt::format("DDP_COPY_ENGINE_REDUCTIONS must be 1 or 0, got '{}'", value));
-    }
-    wanted = value == "1";
-  }
-  if (!wanted) return false;
+  if (!switch_from(options.copy_engine_reductions(), "DDP_COPY_ENGINE_REDUCTIONS")) return false;
   if (backend != Backend::kNccl) {
     throw UsageError(
         "copy-engine reductions move CUDA tensors between GPUs and need the NCCL backend; turn them "
@@ -155,6 +155,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
   const bool copy_engine_reductions = choose_copy_engine_reductions(options, backend, env);
   check_backend_usable(backend, env);
   const std::chrono::milliseconds timeout = choose_timeout(options);
+  const bool check_collectives = switch_from(options.check_collectives(), "DDP_CHECK_COLLECTIVES");
 
   state->store = detail::rendezvous(env, choose_rendezvous_timeout(options));
   detail::CommunicatorBase::Setup setup;
@@ -168,6 +169,7 @@ std::shared_ptr<ProcessGroup> init(const InitOptions& options) {
         c10::make_intrusive<detail::StoreClient>(address, credentials, kReportStoreTimeout));
   };
   setup.name = "world";
+  setup.check_collectives = check_collectives;
   state->communicator = make_communicator(backend, setup, env.local_rank, copy_engine_reductions);
   return std::make_shared<ProcessGroup>(std::move(state));
 }

@@ -208,6 +208,42 @@ TEST(GlooFailures, CollectivesInADifferentOrderAreReported) {
   expect_all_succeeded(outcomes);
 }
 
+// With DDP_CHECK_COLLECTIVES, collectives that differ between ranks are
+// named on every rank before they run: sizes that differ (which Gloo would
+// pair, giving wrong data) and operations that differ (a timeout, or wrong data).
+TEST(GlooFailures, CollectivesThatDifferAreNamedByTheCheck) {
+  RunOptions options;
+  options.env["DDP_CHECK_COLLECTIVES"] = "1";
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_gloo(std::chrono::seconds(5));
+    auto& comm = pg->communicator();
+    check_all_reduce(comm, at::kFloat, 10, ddp::ReduceOp::kSum);  // the same on both: checked, and right
+    at::Tensor input = at::ones({rank == 0 ? 1000 : 500}), output = at::empty({2 * input.numel()});
+    std::string message = collective_error_of([&] { comm.all_gather(output, input)->wait(); });
+    require_contains(message, "the ranks were about to issue different collectives");
+    require_contains(message, "rank 0: all_gather #4 (1000 x Float)");
+    require_contains(message, "rank 1: all_gather #4 (500 x Float)");
+    message = collective_error_of([&] {
+      if (rank == 0) {
+        comm.all_gather(output, input)->wait();
+      } else {
+        comm.broadcast(input, 0)->wait();
+      }
+    });
+    require_contains(message, "rank 0: all_gather #5 (1000 x Float)");
+    require_contains(message, "rank 1: broadcast #5 (root 0, 500 x Float)");
+    comm.barrier();  // the communicator still works after a refused collective
+  }, options));
+}
+
+TEST(GlooFailures, ABadCheckCollectivesValueIsRefused) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    ::setenv("DDP_CHECK_COLLECTIVES", "yes", 1);
+    require_usage_error([] { ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo)); },
+                        "DDP_CHECK_COLLECTIVES must be 1 or 0, got 'yes'");
+  }));
+}
+
 /// One process of a two-rank job: init() must give up within the timeout.
 void expect_rendezvous_timeout(const ddp::InitOptions& init_options, const RunOptions& options) {
   expect_all_succeeded(run_ranks(1, [&init_options](int) {
