@@ -508,9 +508,10 @@ int main(int argc, char** argv) try {
   }
   std::vector<double> exposed = step.exposed_communication_ms();
   exposed.erase(exposed.begin(), exposed.begin() + static_cast<std::ptrdiff_t>(std::min(timed_from, exposed.size())));
+  // The last timed step's; read now, as a replay below writes the graph's loss tensor again.
+  const double final_loss = loss.item<double>();
   if (!flags.str("profile-trace").empty()) {
     // Every rank runs the step (DDP's collectives need all of them); rank 0 records it.
-    // The reported loss stays the last timed step's, with or without profiling.
     const auto profiled_step = [&] {
       if (captured) {
         (*captured)({});  // a replay: the graph's kernels, and no host-side operators
@@ -527,8 +528,8 @@ int main(int argc, char** argv) try {
       profiled_step();
     }
   }
-  const double peak_gib = max_over_ranks(*process_group, static_cast<double>(examples::peak_memory_bytes(device))) / (1 << 30);
-  const double final_loss = loss.item<double>();
+  const double peak_gib =
+      max_over_ranks(*process_group, static_cast<double>(examples::peak_memory_bytes(device))) / (1 << 30);
 
   const int gpus = process_group->world_size();
   const double throughput = workload.items_per_rank * gpus * static_cast<double>(steps) / seconds;

@@ -163,11 +163,13 @@ void CommunicatorBase::check_tensor(const at::Tensor& tensor, const char* op, co
   }
 }
 
-void CommunicatorBase::check_same_on_every_rank(const char* op, c10::ScalarType dtype, std::int64_t numel,
-                                                std::int64_t argument) {
+std::unique_lock<std::mutex> CommunicatorBase::check_same_on_every_rank(const char* op, c10::ScalarType dtype,
+                                                                        std::int64_t numel, std::int64_t argument) {
   // A recorded step cannot wait on the host; its collectives were checked
-  // when its eager warm-up steps ran them.
-  if (!check_collectives_ || world_size_ == 1 || current_stream_capturing()) return;
+  // when its eager warm-up steps ran them. (Only a CUDA communicator asks:
+  // on Gloo the question would need a CUDA context, or fail without a GPU.)
+  if (!check_collectives_ || world_size_ == 1 || (device().is_cuda() && current_stream_capturing())) return {};
+  std::unique_lock<std::mutex> checked(check_mutex_);
   const auto op_index = std::find_if(std::begin(kCheckedOps), std::end(kCheckedOps),
                                      [op](const char* name) { return std::string(name) == op; }) -
                         std::begin(kCheckedOps);
@@ -190,7 +192,7 @@ void CommunicatorBase::check_same_on_every_rank(const char* op, c10::ScalarType 
   for (int rank = 1; rank < world_size_; ++rank) {
     same = same && std::equal(values, values + kFingerprintFields, values + rank * kFingerprintFields);
   }
-  if (same) return;
+  if (same) return checked;
   std::string issued;
   for (int rank = 0; rank < world_size_; ++rank) {
     issued += fmt::format("\n  rank {}: {}", rank, describe_fingerprint(values + rank * kFingerprintFields));
@@ -210,7 +212,8 @@ std::shared_ptr<Work> CommunicatorBase::all_reduce(const at::Tensor& tensor, Red
                                  "divide, or convert the tensor",
                                  c10::toString(tensor.scalar_type())));
   }
-  check_same_on_every_rank("all_reduce", tensor.scalar_type(), tensor.numel(), static_cast<std::int64_t>(op));
+  const auto checked =
+      check_same_on_every_rank("all_reduce", tensor.scalar_type(), tensor.numel(), static_cast<std::int64_t>(op));
   // On one rank the result is the tensor itself. NCCL would still run a
   // kernel over it (an average scales every element by 1): 5 ms of a
   // LLaMA-1.1B step's gradients on an H200.
@@ -235,7 +238,7 @@ std::shared_ptr<Work> CommunicatorBase::broadcast(const at::Tensor& tensor, int 
     throw UsageError(fmt::format("libddp: broadcast: root {} is not a rank of this job (0..{})", root,
                                  world_size_ - 1));
   }
-  check_same_on_every_rank("broadcast", tensor.scalar_type(), tensor.numel(), root);
+  const auto checked = check_same_on_every_rank("broadcast", tensor.scalar_type(), tensor.numel(), root);
   return issue("broadcast", fmt::format("root {}, {}", root, describe_tensor(tensor)),
                [&]() {
                  return tensor.numel() == 0 || world_size_ == 1 ? nullptr : launch_broadcast(tensor, root);
@@ -257,7 +260,7 @@ std::shared_ptr<Work> CommunicatorBase::all_gather(const at::Tensor& output, con
   check_tensor(input, "all_gather", "input");
   check_tensor(output, "all_gather", "output");
   check_world_multiple(output, input.numel(), input.scalar_type(), "all_gather", "output");
-  check_same_on_every_rank("all_gather", input.scalar_type(), input.numel(), 0);
+  const auto checked = check_same_on_every_rank("all_gather", input.scalar_type(), input.numel(), 0);
   return issue("all_gather", describe_tensor(input),
                [&]() {
                  return input.numel() == 0 ? nullptr : launch_all_gather(output, input);
@@ -279,7 +282,8 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const at::Tensor& output,
                                  "divide, or convert the tensor",
                                  c10::toString(input.scalar_type())));
   }
-  check_same_on_every_rank("reduce_scatter", input.scalar_type(), input.numel(), static_cast<std::int64_t>(op));
+  const auto checked =
+      check_same_on_every_rank("reduce_scatter", input.scalar_type(), input.numel(), static_cast<std::int64_t>(op));
   return issue("reduce_scatter", fmt::format("{}, {}", to_string(op), describe_tensor(input)),
                [&]() -> std::unique_ptr<BackendOp> {
                  if (output.numel() == 0) return nullptr;
@@ -292,7 +296,7 @@ std::shared_ptr<Work> CommunicatorBase::reduce_scatter(const at::Tensor& output,
 
 void CommunicatorBase::barrier() {
   auto token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device()));
-  check_same_on_every_rank("barrier", token.scalar_type(), token.numel(), 0);
+  const auto checked = check_same_on_every_rank("barrier", token.scalar_type(), token.numel(), 0);
   issue("barrier", "1 element", [&]() {
     return launch_all_reduce(token, ReduceOp::kSum);
   })->wait();

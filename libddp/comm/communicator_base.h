@@ -152,8 +152,11 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   void check_tensor(const at::Tensor& tensor, const char* op, const char* role) const;
   /// With check_collectives, before each collective: every rank must be about
   /// to issue the same one (operation, dtype, element count, root or reduction),
-  /// or every rank throws a CollectiveError naming what each issued.
-  void check_same_on_every_rank(const char* op, c10::ScalarType dtype, std::int64_t numel, std::int64_t argument);
+  /// or every rank throws a CollectiveError naming what each issued. The lock
+  /// returned (empty without the check) is held until the collective is issued,
+  /// so that another thread's check or collective cannot come between the two.
+  std::unique_lock<std::mutex> check_same_on_every_rank(const char* op, c10::ScalarType dtype, std::int64_t numel,
+                                                        std::int64_t argument);
   /// Throws UsageError unless `whole` holds world_size() x `part_numel` elements of `dtype`.
   void check_world_multiple(const at::Tensor& whole, std::int64_t part_numel, c10::ScalarType dtype, const char* op,
                             const char* whole_role) const;
@@ -180,6 +183,7 @@ class CommunicatorBase : public Communicator, public std::enable_shared_from_thi
   const bool check_collectives_;
   ProgressBoard board_;
 
+  std::mutex check_mutex_;   // a check and its collective, issued as one (check_collectives)
   std::mutex launch_mutex_;  // orders launches against abort()
   std::mutex mutex_;         // guards everything below
   std::deque<std::shared_ptr<CollectiveWork>> pending_;
