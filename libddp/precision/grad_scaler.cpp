@@ -97,6 +97,14 @@ struct GradScaler::Impl {
   // (shadow_step) makes as many found-inf agreements as the others make.
   std::size_t optimizers_per_step = 1;
 
+  /// Creates the scale on `device` from the initial values, where this rank has none yet.
+  void ensure_scale(const c10::Device& device) {
+    if (scale.defined()) return;
+    const auto options = at::TensorOptions().device(device);
+    scale = at::full({1}, initial_scale, options.dtype(at::kFloat));
+    growth_tracker = at::full({1}, initial_growth_tracker, options.dtype(at::kInt));
+  }
+
   void require_scale(const char* caller) const {
     if (!scale.defined()) {
       throw UsageError(fmt::format(
@@ -134,11 +142,7 @@ bool GradScaler::is_enabled() const { return impl_->options.enabled(); }
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
   if (!is_enabled()) return loss;
-  if (!impl_->scale.defined()) {
-    const auto options = at::TensorOptions().device(loss.device());
-    impl_->scale = at::full({1}, impl_->initial_scale, options.dtype(at::kFloat));
-    impl_->growth_tracker = at::full({1}, impl_->initial_growth_tracker, options.dtype(at::kInt));
-  }
+  impl_->ensure_scale(loss.device());
   return loss * impl_->scale.to(loss.device());
 }
 
@@ -225,11 +229,7 @@ void GradScaler::update() {
 
 void GradScaler::shadow_step() {
   if (!is_enabled() || !impl_->process_group) return;
-  if (!impl_->scale.defined()) {  // a rank that had no batch at all
-    const auto options = at::TensorOptions().device(impl_->process_group->device());
-    impl_->scale = at::full({1}, impl_->initial_scale, options.dtype(at::kFloat));
-    impl_->growth_tracker = at::full({1}, impl_->initial_growth_tracker, options.dtype(at::kInt));
-  }
+  impl_->ensure_scale(impl_->process_group->device());  // a rank that had no batch at all has none yet
   const std::size_t optimizers = impl_->optimizers_per_step;
   at::Tensor found_inf = at::zeros({1}, impl_->scale.options());
   for (std::size_t i = 0; i < optimizers; ++i) {  // the active ranks agree once per optimizer they step
