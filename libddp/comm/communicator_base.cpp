@@ -178,14 +178,11 @@ std::unique_lock<std::mutex> CommunicatorBase::check_same_on_every_rank(const ch
     std::lock_guard<std::mutex> lock(mutex_);
     sequence = progress_.issued + 2;  // the check below is issued first
   }
-  const at::Tensor mine =
-      at::tensor(std::vector<std::int64_t>{sequence, op_index, static_cast<std::int64_t>(dtype), numel, argument},
-                 at::kLong)
-          .to(device());
+  const std::int64_t fingerprint[kFingerprintFields] = {sequence, op_index, static_cast<std::int64_t>(dtype), numel,
+                                                        argument};
+  const at::Tensor mine = at::tensor(c10::ArrayRef<std::int64_t>(fingerprint), at::kLong).to(device());
   const at::Tensor all = at::empty({world_size_ * kFingerprintFields}, mine.options());
-  issue("collective check", describe_fingerprint(mine.cpu().data_ptr<std::int64_t>()), [&]() {
-    return launch_all_gather(all, mine);
-  })->wait();
+  issue("collective check", describe_fingerprint(fingerprint), [&]() { return launch_all_gather(all, mine); })->wait();
   const at::Tensor fingerprints = all.cpu();
   const std::int64_t* values = fingerprints.data_ptr<std::int64_t>();
   bool same = true;
