@@ -51,7 +51,6 @@ TEST(JoinGloo, NoSyncUnusedParametersBuffersAndGradScalerMatchOneProcess) {
   expect_join_matches_one_process(s);
 }
 
-// A rank that leaves without done() is named by the others' failure, not waited for.
 // One GradScaler over two optimizers: the joined rank agrees on found-inf
 // once per optimizer, as the active ones do (it agreed once: Gloo aborted).
 // JoinOptions that differ between ranks are refused on every rank.
@@ -86,6 +85,7 @@ TEST(JoinGloo, AScalerOverTwoOptimizersAndOptionsThatDifferBetweenRanks) {
   }));
 }
 
+// A rank that leaves without done() is named by the others' failure, not waited for.
 TEST(JoinGloo, ARankThatExitsWithoutJoiningIsNamed) {
   const auto outcomes = run_ranks(2, [](int) { check_exit_without_join_is_named(init_gloo(10)); });
   EXPECT_EQ(outcomes[0].exit_code, 0) << outcomes[0].error;
