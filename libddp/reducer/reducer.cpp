@@ -406,9 +406,9 @@ void Reducer::gather_into_bucket(Bucket& bucket) {
   std::vector<at::Tensor> flat;
   for (std::size_t slot : bucket.to_copy) {
     const at::Tensor& grad = parameters_[bucket.parameters[slot]].grad();
-    // The slice has the parameter's strides; a gradient laid out the same way
+    // The slice has the parameter's layout; a gradient laid out the same way
     // is copied as its memory, in one concatenation for the whole bucket.
-    one_kernel = one_kernel && grad.strides() == bucket.views[slot].strides() && grad.is_non_overlapping_and_dense();
+    one_kernel = one_kernel && same_memory_layout(grad, bucket.views[slot]);
     if (one_kernel) flat.push_back(grad.as_strided({grad.numel()}, {1}, grad.storage_offset()));
   }
   if (one_kernel) {
