@@ -24,9 +24,9 @@ std::vector<std::int64_t> flat_layout_strides(const at::Tensor& parameter);
 /// Whether `tensor` is dense and lays its elements out in memory as `view`
 /// does, so that each is copied as the other's memory. Strides of dimensions
 /// of size 1 are not compared: they address nothing, and kernels choose them
-/// freely (cuDNN's weight gradient of a 1x1 convolution is (C, 1, 1, 1) where
-/// the channels_last weight is (C, 1, C, C)); autograd's layout contract
-/// ignores them too.
+/// differently: a 1x1 convolution's weight made channels_last by
+/// contiguous(ChannelsLast) keeps (C, 1, 1, 1), where cuDNN writes its
+/// gradient as (C, 1, C, C). Autograd's layout contract ignores them too.
 bool same_memory_layout(const at::Tensor& tensor, const at::Tensor& view);
 
 /// A tensor of `sizes` and `strides` over `base`'s memory from element

@@ -17,12 +17,12 @@ at::Tensor slice_for(const at::Tensor& parameter, const at::Tensor& buffer) {
   return alias(buffer, 0, parameter.sizes(), flat_layout_strides(parameter));
 }
 
-TEST(GradientLayout, AOneByOneConvolutionsContiguousGradientMatchesItsChannelsLastSlice) {
-  // cuDNN returns this weight gradient as (C, 1, 1, 1); the channels_last
-  // weight's strides are (C, 1, C, C): the same memory, other strides.
-  // (LibTorch 1.13's contiguous(ChannelsLast) keeps (C, 1, 1, 1); 2.x's gives (C, 1, C, C).)
-  const at::Tensor weight = torch::empty_strided({8, 4, 1, 1}, {4, 1, 4, 4});
-  const at::Tensor grad = torch::randn({8, 4, 1, 1});
+TEST(GradientLayout, AOneByOneWeightsChannelsLastGradientMatchesItsSlice) {
+  // ResNet's 1x1 weights, made channels_last by contiguous(ChannelsLast),
+  // keep (C, 1, 1, 1); cuDNN writes their gradients as (C, 1, C, C) (seen on
+  // an H200, 2026-11-28): the same memory, other strides.
+  const at::Tensor weight = torch::randn({8, 4, 1, 1});
+  const at::Tensor grad = torch::randn({8, 4, 1, 1}).as_strided({8, 4, 1, 1}, {4, 1, 4, 4});
   ASSERT_NE(grad.strides(), weight.strides());
   const at::Tensor buffer = torch::zeros({weight.numel()});
   const at::Tensor slice = slice_for(weight, buffer);
