@@ -334,8 +334,9 @@ class DistributedDataParallel {
   /// any mode and at any world size, in place: every tensor keeps its device
   /// and its autograd hooks (Module::load moves a parameter to the archive's
   /// device, which drops the hooks DDP installed on it). Sharded parameters
-  /// go into this rank's shards; the next forward gathers them. UsageError
-  /// naming a tensor the archive lacks or holds in another shape.
+  /// go into this rank's shards; the next forward gathers them. Strict, as
+  /// PyTorch's load_state_dict: UsageError naming a tensor or module that the
+  /// archive or the model lacks, or that it holds in another shape or dtype.
   void load_module(torch::serialize::InputArchive& archive) { core_->load_module(archive); }
 
   /// Writes into `archive` the state of `optimizer` (built over

@@ -1,5 +1,7 @@
 #include "checkpoint/module_state.h"
 
+#include <set>
+#include <string>
 #include <unordered_map>
 
 #include <c10/core/GradMode.h>
@@ -69,8 +71,28 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
       target.detach().copy_(loaded);
     }
   };
-  for (auto& parameter : module.named_parameters(/*recurse=*/false)) take(parameter.key(), parameter.value(), false);
-  for (auto& buffer : module.named_buffers(/*recurse=*/false)) take(buffer.key(), buffer.value(), true);
+  std::set<std::string> known;
+  for (auto& parameter : module.named_parameters(/*recurse=*/false)) {
+    take(parameter.key(), parameter.value(), false);
+    known.insert(parameter.key());
+  }
+  for (auto& buffer : module.named_buffers(/*recurse=*/false)) {
+    take(buffer.key(), buffer.value(), true);
+    known.insert(buffer.key());
+  }
+  for (const auto& child : module.named_children()) {
+    if (!child.value()->is_serializable()) continue;
+    known.insert(child.key());
+  }
+  // As PyTorch's strict load_state_dict: what the model lacks would otherwise
+  // be dropped without a word, and a checkpoint of a larger model would load.
+  for (const std::string& key : archive.keys()) {
+    if (known.count(key) == 0) {
+      throw UsageError(
+          fmt::format("libddp: the checkpoint holds '{}', which this model does not have; it belongs to another model",
+                      path.empty() ? key : path + "." + key));
+    }
+  }
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;
     const std::string child_path = path.empty() ? child.key() : path + "." + child.key();

@@ -538,7 +538,7 @@ TEST(ShardingCheckpointOneRank, LoadedOptimizerStateReplacesTheOptimizersOwn) {
 }
 
 // Refused by name instead of loaded wrongly or written half: parameters of
-// another dtype, a buffer this model lacks, amsgrad in some parameter groups
+// another dtype, tensors or modules this model lacks, amsgrad in some parameter groups
 // only; and a save that fails after the rank files were written removes them.
 TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefused) {
   expect_all_succeeded(run_ranks(1, [](int) {
@@ -560,6 +560,24 @@ TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefuse
       auto floats = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 3), pg, options);
       refused([&] { floats.load_module(archive); },
               "holds 'weight' in Double, the model's is Float; convert the model to Double before loading");
+      // What the model lacks, a tensor or a whole child, is named instead of dropped.
+      const auto load_into = [&](auto& model, const torch::nn::Module& saved_module) {
+        torch::serialize::OutputArchive written;
+        saved_module.save(written);
+        std::stringstream stream;
+        written.save_to(stream);
+        torch::serialize::InputArchive read;
+        read.load_from(stream);
+        model.load_module(read);
+      };
+      auto biasless = ddp::DistributedDataParallel<torch::nn::Linear>(
+          torch::nn::Linear(torch::nn::LinearOptions(4, 3).bias(false)), pg, options);
+      refused([&] { load_into(biasless, *torch::nn::Linear(4, 3)); },
+              "the checkpoint holds 'bias', which this model does not have; it belongs to another model");
+      auto shorter = ddp::DistributedDataParallel<torch::nn::Sequential>(torch::nn::Sequential(torch::nn::Linear(4, 3)),
+                                                                         pg, options);
+      refused([&] { load_into(shorter, *torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::ReLU())); },
+              "the checkpoint holds '1', which this model does not have");
     }
 
     const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
