@@ -113,11 +113,20 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   // A parameter registered in two modules (tied embedding and output
   // weights) is one parameter, under its first name, as in PyTorch.
   std::unordered_set<const c10::TensorImpl*> seen;
+  // Which gradients are sparse is part of the model too: a rank that reduces
+  // an embedding's gradient sparsely while another reduces it in a bucket
+  // would pair unrelated collectives.
+  const std::vector<at::Tensor> sparse = SparseGradients::find(*module_);
+  const auto has_sparse_gradient = [&](const at::Tensor& parameter) {
+    return std::any_of(sparse.begin(), sparse.end(),
+                       [&](const at::Tensor& s) { return s.unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl(); });
+  };
   for (const auto& item : module_->named_parameters()) {
     if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
     state.push_back(item.value());
     const bool is_trained = item.value().requires_grad();
-    described.push_back(fmt::format("{}parameter '{}'", is_trained ? "" : "frozen ", item.key()));
+    described.push_back(fmt::format("{}{}parameter '{}'", is_trained ? "" : "frozen ",
+                                    has_sparse_gradient(item.value()) ? "sparse-gradient " : "", item.key()));
     if (!is_trained) continue;
     trained.push_back(item.value());
     names.push_back(item.key());
@@ -171,14 +180,11 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
   trained_ = trained;
   trained_names_ = names;
   // Sparse gradients stay out of the dense buckets (and cannot be sharded).
-  const std::vector<at::Tensor> sparse = SparseGradients::find(*module_);
   if (!sparse.empty()) {
     std::vector<at::Tensor> dense, sparse_params;
     std::vector<std::string> dense_names, sparse_names;
     for (std::size_t i = 0; i < trained.size(); ++i) {
-      const bool is_sparse = std::any_of(sparse.begin(), sparse.end(), [&](const at::Tensor& s) {
-        return s.unsafeGetTensorImpl() == trained[i].unsafeGetTensorImpl();
-      });
+      const bool is_sparse = has_sparse_gradient(trained[i]);
       (is_sparse ? sparse_params : dense).push_back(trained[i]);
       (is_sparse ? sparse_names : dense_names).push_back(names[i]);
     }

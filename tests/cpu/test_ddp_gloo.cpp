@@ -179,9 +179,10 @@ TEST(DdpGlooTwoRanks, AParameterUsedOnlyUnderNoSyncIsAveragedAtTheSynchronisedBa
 
 // Rank 0's copy overwrites every parameter and buffer, so they must agree
 // too, not only the trained parameters: a buffer or frozen parameter of
-// another shape is refused on every rank, and so is a rank with nothing to
-// train, at once (it does not leave the others waiting in the check).
-TEST(DdpGlooTwoRanks, MismatchedBuffersAndFrozenParametersAreReportedOnEveryRank) {
+// another shape, or a gradient sparse on one rank only, is refused on every
+// rank, and so is a rank with nothing to train, at once (it does not leave
+// the others waiting in the check).
+TEST(DdpGlooTwoRanks, MismatchedBuffersFrozenParametersAndSparseGradientsAreReportedOnEveryRank) {
   expect_all_succeeded(run_ranks(2, [](int rank) {
     auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo).timeout(std::chrono::seconds(60)));
     const auto refused = [&](const torch::nn::Sequential& model, const std::string& expected) {
@@ -206,6 +207,11 @@ TEST(DdpGlooTwoRanks, MismatchedBuffersAndFrozenParametersAreReportedOnEveryRank
       for (auto& parameter : nothing_to_train->parameters()) parameter.requires_grad_(false);
     }
     refused(nothing_to_train, "rank 1: #0: rank 0 has parameter '0.weight' [3, 4] Float, rank 1 has frozen");
+    torch::nn::Sequential sparse_on_one(torch::nn::Embedding(torch::nn::EmbeddingOptions(8, 3).sparse(rank == 1)),
+                                        torch::nn::Linear(3, 2));
+    refused(
+        sparse_on_one,
+        "rank 1: #0: rank 0 has parameter '0.weight' [8, 3] Float, rank 1 has sparse-gradient parameter '0.weight'");
   }));
 }
 
