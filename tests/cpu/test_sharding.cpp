@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -546,38 +547,36 @@ TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefuse
     const fs::path directory = fs::temp_directory_path() / ("ddp_refusals_" + std::to_string(::getpid()));
     auto pg = init_gloo();
     const auto& refused = require_usage_error;
+    // What `save` writes, as a file would give it back.
+    const auto written_by = [](const std::function<void(torch::serialize::OutputArchive&)>& save) {
+      torch::serialize::OutputArchive written;
+      save(written);
+      std::stringstream bytes;
+      written.save_to(bytes);
+      torch::serialize::InputArchive archive;
+      archive.load_from(bytes);
+      return archive;
+    };
     for (const Sharding mode : {Sharding::kNone, Sharding::kGradients}) {
       const auto options = ddp::DistributedDataParallelOptions().sharding(mode);
       torch::nn::Linear in_double(4, 3);
       in_double->to(torch::kDouble);
       auto doubles = ddp::DistributedDataParallel<torch::nn::Linear>(in_double, pg, options);
-      torch::serialize::OutputArchive saved;
-      doubles.save_module(saved);
-      std::stringstream bytes;
-      saved.save_to(bytes);
-      torch::serialize::InputArchive archive;
-      archive.load_from(bytes);
+      torch::serialize::InputArchive archive = written_by([&](auto& out) { doubles.save_module(out); });
       auto floats = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 3), pg, options);
       refused([&] { floats.load_module(archive); },
               "holds 'weight' in Double, the model's is Float; convert the model to Double before loading");
       // What the model lacks, a tensor or a whole child, is named instead of dropped.
-      const auto load_into = [&](auto& model, const torch::nn::Module& saved_module) {
-        torch::serialize::OutputArchive written;
-        saved_module.save(written);
-        std::stringstream stream;
-        written.save_to(stream);
-        torch::serialize::InputArchive read;
-        read.load_from(stream);
-        model.load_module(read);
-      };
+      archive = written_by([](auto& out) { torch::nn::Linear(4, 3)->save(out); });
       auto biasless = ddp::DistributedDataParallel<torch::nn::Linear>(
           torch::nn::Linear(torch::nn::LinearOptions(4, 3).bias(false)), pg, options);
-      refused([&] { load_into(biasless, *torch::nn::Linear(4, 3)); },
+      refused([&] { biasless.load_module(archive); },
               "the checkpoint holds 'bias', which this model does not have; it belongs to another model");
+      archive =
+          written_by([](auto& out) { torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::ReLU())->save(out); });
       auto shorter = ddp::DistributedDataParallel<torch::nn::Sequential>(torch::nn::Sequential(torch::nn::Linear(4, 3)),
                                                                          pg, options);
-      refused([&] { load_into(shorter, *torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::ReLU())); },
-              "the checkpoint holds '1', which this model does not have");
+      refused([&] { shorter.load_module(archive); }, "the checkpoint holds '1', which this model does not have");
     }
 
     const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
