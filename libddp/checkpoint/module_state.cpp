@@ -12,6 +12,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <ddp/errors.h>
+#include <ddp/float8.h>
 
 #include "sharding/sharded_parameters.h"
 
@@ -84,6 +85,9 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
     if (!child.value()->is_serializable()) continue;
     known.insert(child.key());
   }
+  // Float8LinearImpl::save writes its delayed-scaling state beside its
+  // parameters; Module::save of a DDP model's module wrote it there.
+  if (dynamic_cast<const Float8LinearImpl*>(&module) != nullptr) known.insert("float8_scaling");
   // As PyTorch's strict load_state_dict: what the model lacks would otherwise
   // be dropped without a word, and a checkpoint of a larger model would load.
   for (const std::string& key : archive.keys()) {

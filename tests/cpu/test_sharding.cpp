@@ -577,6 +577,20 @@ TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefuse
       auto shorter = ddp::DistributedDataParallel<torch::nn::Sequential>(torch::nn::Sequential(torch::nn::Linear(4, 3)),
                                                                          pg, options);
       refused([&] { shorter.load_module(archive); }, "the checkpoint holds '1', which this model does not have");
+      // Except the delayed-scaling state Float8Linear saves beside its parameters, in its own layers only.
+      const auto with_scaling = [](torch::serialize::OutputArchive& out) {
+        torch::nn::Linear(4, 3)->save(out);
+        torch::serialize::OutputArchive scaling(out.compilation_unit());
+        scaling.write("input.scale", torch::ones({1}), /*is_buffer=*/true);
+        out.write("float8_scaling", scaling);
+      };
+      auto float8 = ddp::DistributedDataParallel<ddp::Float8Linear>(
+          ddp::Float8Linear(torch::nn::LinearOptions(4, 3), ddp::Float8Options().enabled(false)), pg, options);
+      archive = written_by(with_scaling);
+      float8.load_module(archive);
+      archive = written_by(with_scaling);
+      refused([&] { floats.load_module(archive); },
+              "the checkpoint holds 'float8_scaling', which this model does not have");
     }
 
     const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
