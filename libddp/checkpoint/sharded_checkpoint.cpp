@@ -85,7 +85,8 @@ std::vector<Piece> pieces_of(const CheckpointedModel& model, int rank, int world
 /// where `tensor` is laid out so, else a laid-out copy.
 at::Tensor flat_in_layout(const at::Tensor& tensor, c10::IntArrayRef strides) {
   at::Tensor laid_out = tensor;
-  if (tensor.strides() != strides || !tensor.is_non_overlapping_and_dense()) {
+  if (!tensor.is_non_overlapping_and_dense() ||
+      !same_strides_where_addressed(tensor.sizes(), tensor.strides(), strides)) {
     laid_out = at::empty_strided(tensor.sizes(), strides, tensor.options()).copy_(tensor);
   }
   return alias(laid_out, 0, {laid_out.numel()}, {1});
@@ -223,7 +224,7 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     require_same_dtype(directory, name, read(entry, manifest_path, "dtype").toStringRef(),
                        c10::toString(trained_dtype(model, it->second)));
     const std::vector<std::int64_t> strides = read(entry, manifest_path, "strides").toIntVector();
-    if (c10::IntArrayRef(strides) != c10::IntArrayRef(flat_layout_strides(parameter))) {
+    if (!same_strides_where_addressed(parameter.sizes(), strides, flat_layout_strides(parameter))) {
       throw UsageError(
           fmt::format("sharded checkpoint '{}' holds '{}' with strides [{}], the model's are [{}]; give the model the "
                       "saved memory format (channels_last or not) before loading",

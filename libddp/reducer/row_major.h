@@ -21,12 +21,17 @@ inline std::vector<std::int64_t> row_major_strides(c10::IntArrayRef sizes) {
 /// lays it out matches its slice element for element), else row-major.
 std::vector<std::int64_t> flat_layout_strides(const at::Tensor& parameter);
 
+/// Whether `strides` and `other` lay a tensor of `sizes` out alike. Strides
+/// of dimensions of size 1 are not compared: they address nothing, and
+/// kernels choose them differently: a 1x1 convolution's weight made
+/// channels_last by contiguous(ChannelsLast) keeps (C, 1, 1, 1), where cuDNN
+/// writes its gradient as (C, 1, C, C). Autograd's layout contract ignores
+/// them too.
+bool same_strides_where_addressed(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::IntArrayRef other);
+
 /// Whether `tensor` is dense and lays its elements out in memory as `view`
-/// does, so that each is copied as the other's memory. Strides of dimensions
-/// of size 1 are not compared: they address nothing, and kernels choose them
-/// differently: a 1x1 convolution's weight made channels_last by
-/// contiguous(ChannelsLast) keeps (C, 1, 1, 1), where cuDNN writes its
-/// gradient as (C, 1, C, C). Autograd's layout contract ignores them too.
+/// does (same_strides_where_addressed), so that each is copied as the other's
+/// memory.
 bool same_memory_layout(const at::Tensor& tensor, const at::Tensor& view);
 
 /// A tensor of `sizes` and `strides` over `base`'s memory from element

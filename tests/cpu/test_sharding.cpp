@@ -502,6 +502,39 @@ TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByNa
   }));
 }
 
+// A 1x1 convolution's channels_last weight has strides of its size-1
+// dimensions that depend on how it was made ((C, 1, 1, 1) by
+// contiguous(ChannelsLast), (C, 1, C, C) by a kernel): they address nothing,
+// so a checkpoint of one loads into the other. A real change of memory
+// format is still refused.
+TEST(ShardingCheckpointOneRank, SizeOneStridesDoNotChangeTheLayout) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    namespace fs = std::filesystem;
+    const fs::path directory = fs::temp_directory_path() / ("ddp_sharded_strides_" + std::to_string(::getpid()));
+    auto pg = init_gloo();
+    const auto options = ddp::DistributedDataParallelOptions().sharding(Sharding::kGradients);
+    const auto conv_with = [&](c10::IntArrayRef kernel, c10::IntArrayRef strides, int seed) {
+      torch::manual_seed(seed);
+      torch::nn::Conv2d conv(torch::nn::Conv2dOptions(4, 3, kernel).bias(false));
+      conv->weight.set_data(at::empty_strided(conv->weight.sizes(), strides).copy_(conv->weight.data()));
+      return ddp::DistributedDataParallel<torch::nn::Conv2d>(conv, pg, options);
+    };
+    auto saved = conv_with({1, 1}, {4, 1, 4, 4}, 1);
+    saved.save_sharded_checkpoint(directory.string());
+    auto loaded = conv_with({1, 1}, {4, 1, 1, 1}, 2);
+    loaded.load_sharded_checkpoint(directory.string());
+    loaded.gather_parameters();
+    saved.gather_parameters();
+    require(torch::equal(loaded.module()->weight, saved.module()->weight),
+            "the 1x1 weight loaded into other size-1 strides differs from the saved one");
+    conv_with({3, 3}, {36, 1, 12, 4}, 1).save_sharded_checkpoint(directory.string());  // channels_last
+    auto contiguous = conv_with({3, 3}, {36, 9, 3, 1}, 2);
+    require_usage_error([&] { contiguous.load_sharded_checkpoint(directory.string()); },
+                        "give the model the saved memory format (channels_last or not) before loading");
+    remove_tree(directory);
+  }));
+}
+
 // Loading optimizer state replaces the optimizer's own: a parameter without
 // state in the file (it had not stepped at the save) has none afterwards.
 TEST(ShardingCheckpointOneRank, LoadedOptimizerStateReplacesTheOptimizersOwn) {
