@@ -14,12 +14,17 @@
 #include <ddp/errors.h>
 #include <ddp/float8.h>
 
+#include "float8/linear_state.h"
 #include "sharding/sharded_parameters.h"
 
 namespace ddp::detail {
 namespace {
 
 using HostCopies = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
+
+// The key Float8LinearImpl::save writes its delayed-scaling state under,
+// beside its parameters.
+constexpr const char* kFloat8Scaling = "float8_scaling";
 
 // Module::save's layout: the module's own parameters and buffers by name,
 // then one archive per serializable child.
@@ -30,6 +35,11 @@ void write(const torch::nn::Module& module, const HostCopies& host, torch::seria
   }
   for (const auto& buffer : module.named_buffers(/*recurse=*/false)) {
     archive.write(buffer.key(), buffer.value(), /*is_buffer=*/true);
+  }
+  // Where Float8LinearImpl::save puts its delayed-scaling state.
+  if (const auto* layer = dynamic_cast<const Float8LinearImpl*>(&module)) {
+    torch::serialize::OutputArchive scaling(archive.compilation_unit());
+    if (Float8LinearAccess::save_scaling(*layer, scaling)) archive.write(kFloat8Scaling, scaling);
   }
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;
@@ -85,9 +95,8 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
     if (!child.value()->is_serializable()) continue;
     known.insert(child.key());
   }
-  // Float8LinearImpl::save writes its delayed-scaling state beside its
-  // parameters; Module::save of a DDP model's module wrote it there.
-  if (dynamic_cast<const Float8LinearImpl*>(&module) != nullptr) known.insert("float8_scaling");
+  auto* const float8_layer = dynamic_cast<Float8LinearImpl*>(&module);
+  if (float8_layer != nullptr) known.insert(kFloat8Scaling);
   // As PyTorch's strict load_state_dict: what the model lacks would otherwise
   // be dropped without a word, and a checkpoint of a larger model would load.
   for (const std::string& key : archive.keys()) {
@@ -96,6 +105,10 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
           fmt::format("libddp: the checkpoint holds '{}', which this model does not have; it belongs to another model",
                       path.empty() ? key : path + "." + key));
     }
+  }
+  torch::serialize::InputArchive scaling;
+  if (float8_layer != nullptr && archive.try_read(kFloat8Scaling, scaling)) {
+    Float8LinearAccess::load_scaling(*float8_layer, path, scaling);
   }
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;

@@ -18,9 +18,11 @@
 
 #include <ddp/checkpoint.h>
 #include <ddp/errors.h>
+#include <ddp/float8.h>
 #include <ddp/optim.h>
 
 #include "checkpoint/optimizer_param_state.h"
+#include "float8/linear_state.h"
 #include "reducer/row_major.h"
 #include "sharding/sharded_parameters.h"
 
@@ -29,6 +31,7 @@ namespace {
 
 constexpr std::int64_t kFormat = 1;
 constexpr const char* kManifest = "manifest.pt";
+constexpr const char* kFloat8Scaling = "float8_scaling";
 
 /// A run of one parameter's elements, in its flat layout (flat_layout_strides), held by one rank.
 struct Piece {
@@ -118,6 +121,25 @@ std::vector<std::pair<std::string, at::Tensor>> replicated_tensors(const Checkpo
   }
   for (const auto& item : model.module.named_buffers()) tensors.emplace_back(item.key(), item.value());
   return tensors;
+}
+
+/// The delayed-scaling state of the model's Float8Linear layers (amax
+/// histories and scales), which each rank holds whole, as Module::save
+/// writes it for one layer: an entry per layer that has such state.
+torch::serialize::OutputArchive float8_scalings(const CheckpointedModel& model) {
+  torch::serialize::OutputArchive layers;
+  std::int64_t count = 0;
+  for (const auto& item : model.module.named_modules()) {
+    const auto* layer = dynamic_cast<const Float8LinearImpl*>(item.value().get());
+    torch::serialize::OutputArchive scaling;
+    if (layer == nullptr || !Float8LinearAccess::save_scaling(*layer, scaling)) continue;
+    torch::serialize::OutputArchive entry;
+    entry.write("name", c10::IValue(item.key()));
+    entry.write("state", scaling);
+    layers.write(fmt::format("l{}", count++), entry);
+  }
+  layers.write("count", c10::IValue(count));
+  return layers;
 }
 
 /// Every rank's `value`, or -1 for a rank that failed; this rank's own
@@ -407,6 +429,29 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     }
   }
   for (const auto& [name, tensor] : replicated_here) tensor.detach().copy_(saved_replicated.at(name));
+  torch::serialize::InputArchive float8_layers;
+  if (manifest.try_read(kFloat8Scaling, float8_layers)) {  // checkpoints of before 2026-11-28 have none
+    std::map<std::string, Float8LinearImpl*> layers_here;
+    for (const auto& item : model.module.named_modules()) {
+      if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
+    }
+    const std::int64_t layer_count = read(float8_layers, manifest_path, "count").toInt();
+    for (std::int64_t k = 0; k < layer_count; ++k) {
+      torch::serialize::InputArchive entry;
+      float8_layers.read(fmt::format("l{}", k), entry);
+      const std::string name = read(entry, manifest_path, "name").toStringRef();
+      auto it = layers_here.find(name);
+      if (it == layers_here.end()) {
+        throw UsageError(fmt::format(
+            "sharded checkpoint '{}' holds the FP8 scaling state of a Float8Linear '{}' that this model does not "
+            "have; it belongs to another model",
+            directory, name));
+      }
+      torch::serialize::InputArchive scaling;
+      entry.read("state", scaling);
+      Float8LinearAccess::load_scaling(*it->second, name, scaling);
+    }
+  }
   if (model.sharded != nullptr) model.sharded->shards_written();
 
   if (extra) {
@@ -529,6 +574,8 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
           }
           replicated.write("count", c10::IValue(count));
           archive.write("replicated", replicated);
+          torch::serialize::OutputArchive float8_layers = float8_scalings(model);
+          archive.write(kFloat8Scaling, float8_layers);
           if (extra) {
             torch::serialize::OutputArchive extra_archive;
             extra(extra_archive);

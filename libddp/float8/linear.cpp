@@ -1,7 +1,10 @@
 #include <ddp/float8.h>
 
+#include <array>
 #include <cmath>
 #include <optional>
+#include <string>
+#include <utility>
 #include <ostream>
 
 #include <ATen/ATen.h>
@@ -350,6 +353,51 @@ TensorScaling* Float8LinearAccess::fusable_grad_output_scaling(Float8LinearImpl&
   return layer_state != nullptr && layer_state->grad_output.delayed() ? &layer_state->grad_output : nullptr;
 }
 
+namespace {
+using NamedScalings = std::array<std::pair<const char*, TensorScaling*>, 3>;
+NamedScalings named_scalings(Float8LinearState& state) {
+  return {{{"input", &state.input}, {"weight", &state.weight}, {"grad_output", &state.grad_output}}};
+}
+}  // namespace
+
+bool Float8LinearAccess::save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling) {
+  if (!layer.state_ || !layer.state_->input.delayed()) return false;
+  for (auto [role, tensor_scaling] : named_scalings(*layer.state_)) {
+    tensor_scaling->commit_pending_amax();
+    scaling.write(std::string(role) + ".amax_history", tensor_scaling->amax_history(), /*is_buffer=*/true);
+    scaling.write(std::string(role) + ".scale", tensor_scaling->scale(), /*is_buffer=*/true);
+  }
+  return true;
+}
+
+void Float8LinearAccess::load_scaling(Float8LinearImpl& layer, const std::string& name,
+                                      torch::serialize::InputArchive& scaling) {
+  const std::string who = name.empty() ? "Float8Linear" : fmt::format("Float8Linear '{}'", name);
+  if (layer.float8_options.scaling() != Float8Scaling::kDelayed) {
+    throw UsageError(fmt::format(
+        "{}: the checkpoint holds delayed-scaling state but this layer uses current scaling; construct it with "
+        "Float8Options().scaling(ddp::Float8Scaling::kDelayed)",
+        who));
+  }
+  if (!layer.state_) {
+    layer.state_ = make_float8_state(layer.float8_options, layer.weight.device(), /*check_device=*/false);
+  }
+  for (auto [role, tensor_scaling] : named_scalings(*layer.state_)) {
+    at::Tensor history;
+    at::Tensor scale;
+    scaling.read(std::string(role) + ".amax_history", history, /*is_buffer=*/true);
+    scaling.read(std::string(role) + ".scale", scale, /*is_buffer=*/true);
+    if (history.sizes() != tensor_scaling->amax_history().sizes()) {
+      throw UsageError(fmt::format(
+          "{}: the checkpoint's amax history has {} entries, this layer's {}; use the same amax_history_len", who,
+          history.numel(), tensor_scaling->amax_history().numel()));
+    }
+    tensor_scaling->commit_pending_amax();  // so that no amax from before the load enters the loaded history
+    tensor_scaling->amax_history().copy_(history);
+    tensor_scaling->scale().copy_(scale);
+  }
+}
+
 }  // namespace detail
 
 std::vector<at::Tensor> Float8LinearImpl::latest_amaxes() {
@@ -366,45 +414,17 @@ void Float8LinearImpl::refresh_scales() {
 
 void Float8LinearImpl::save(torch::serialize::OutputArchive& archive) const {
   torch::nn::Module::save(archive);
-  if (!state_ || !state_->input.delayed()) return;
-  for (detail::TensorScaling* scaling : state_->scalings()) scaling->commit_pending_amax();
   // Beside weight and bias, not among the buffers, so that the parameters
   // and their keys stay those of torch::nn::Linear.
   torch::serialize::OutputArchive scaling(archive.compilation_unit());
-  for (auto [name, tensor_scaling] : {std::pair{"input", &state_->input}, std::pair{"weight", &state_->weight},
-                                      std::pair{"grad_output", &state_->grad_output}}) {
-    scaling.write(std::string(name) + ".amax_history", tensor_scaling->amax_history(), /*is_buffer=*/true);
-    scaling.write(std::string(name) + ".scale", tensor_scaling->scale(), /*is_buffer=*/true);
-  }
-  archive.write("float8_scaling", scaling);
+  if (detail::Float8LinearAccess::save_scaling(*this, scaling)) archive.write("float8_scaling", scaling);
 }
 
 void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
   torch::nn::Module::load(archive);
   torch::serialize::InputArchive scaling;
-  if (!archive.try_read("float8_scaling", scaling)) return;  // a plain Linear's checkpoint
-  if (float8_options.scaling() != Float8Scaling::kDelayed) {
-    throw UsageError(
-        "Float8Linear: the checkpoint holds delayed-scaling state but this layer uses current "
-        "scaling; construct it with Float8Options().scaling(ddp::Float8Scaling::kDelayed)");
-  }
-  if (!state_) state_ = detail::make_float8_state(float8_options, weight.device(), /*check_device=*/false);
-  for (auto [name, tensor_scaling] : {std::pair{"input", &state_->input}, std::pair{"weight", &state_->weight},
-                                      std::pair{"grad_output", &state_->grad_output}}) {
-    at::Tensor history;
-    at::Tensor scale;
-    scaling.read(std::string(name) + ".amax_history", history, /*is_buffer=*/true);
-    scaling.read(std::string(name) + ".scale", scale, /*is_buffer=*/true);
-    if (history.sizes() != tensor_scaling->amax_history().sizes()) {
-      throw UsageError(
-          fmt::format("Float8Linear: the checkpoint's amax history has {} entries, this layer's {}; "
-                      "use the same amax_history_len",
-                      history.numel(), tensor_scaling->amax_history().numel()));
-    }
-    tensor_scaling->commit_pending_amax();  // so that no amax from before the load enters the loaded history
-    tensor_scaling->amax_history().copy_(history);
-    tensor_scaling->scale().copy_(scale);
-  }
+  // A plain Linear's checkpoint has none.
+  if (archive.try_read("float8_scaling", scaling)) detail::Float8LinearAccess::load_scaling(*this, "", scaling);
 }
 
 }  // namespace ddp

@@ -5,12 +5,18 @@
 
 #include <array>
 #include <memory>
+#include <string>
 
 #include <c10/core/Device.h>
 
 #include <ddp/float8.h>
 
 #include "float8/scaling.h"
+
+namespace torch::serialize {
+class InputArchive;
+class OutputArchive;
+}  // namespace torch::serialize
 
 namespace ddp::detail {
 
@@ -56,6 +62,18 @@ struct Float8LinearAccess {
   /// pointer is the layer's: copy it (copies share the state) to keep it for
   /// backward.
   static TensorScaling* fusable_grad_output_scaling(Float8LinearImpl& layer);
+
+  // The delayed-scaling state in a checkpoint: the same archive whether the
+  // layer saves itself (Module::save) or a checkpoint writes the module's
+  // tensors for it (DDP's sharded save_module, the sharded format).
+
+  /// Writes the layer's amax histories and scales into `scaling`; false, and
+  /// nothing written, unless the layer has delayed-scaling state.
+  static bool save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling);
+  /// Loads what save_scaling() wrote, making the state where the layer has
+  /// none yet. UsageError naming `name` when it does not fit the layer's
+  /// recipe (current scaling, another amax_history_len).
+  static void load_scaling(Float8LinearImpl& layer, const std::string& name, torch::serialize::InputArchive& scaling);
 };
 
 }  // namespace ddp::detail

@@ -21,7 +21,8 @@ ALLOWED = {
     "batchnorm": {"cuda"},
     "capture": {"comm"},
     "sharding": {"reducer/bucket_assignment.h", "reducer/row_major.h"},
-    "checkpoint": {"sharding/sharded_parameters.h", "optim/fused_step.h", "reducer/row_major.h"},
+    "checkpoint": {"sharding/sharded_parameters.h", "optim/fused_step.h", "reducer/row_major.h",
+                   "float8/linear_state.h"},
     "reducer": {"compat", "sharding/sharded_parameters.h", "sharding/unit_schedule.h", "cuda/stream_capture.h"},
 }
 # The one file that composes reducer, sharding and checkpoint.

@@ -27,6 +27,12 @@ using examples::testing::losses;
 /// this process, which forks the launcher.
 bool has_gpu() { return std::filesystem::exists("/dev/nvidia0"); }
 
+/// Launches a trainer with one rank per GPU (examples::testing::LaunchTrainer).
+DdprunResult on_every_gpu(const std::string& program, const std::vector<std::string>& args, const ScratchDir& scratch,
+                          const std::vector<std::string>& launcher) {
+  return examples::testing::run_trainer("gpu", {}, program, args, scratch, launcher);
+}
+
 /// The mean loss of steps [first, last].
 double mean_loss(const std::map<int, double>& losses, int first, int last) {
   double sum = 0;
@@ -113,15 +119,27 @@ TEST(ExamplesGpu, CapturedResnetStepWithLossScalingTrainsAsTheEagerOne) {
 // On every GPU of the machine (one rank per GPU), the captured step.
 TEST(ExamplesGpu, AKilledDeterministicResnetRunResumesExactly) {
   if (!has_gpu()) GTEST_SKIP() << "needs a GPU";
-  const auto launch = [](const std::string& program, const std::vector<std::string>& args, const ScratchDir& scratch,
-                         const std::vector<std::string>& launcher) {
-    return examples::testing::run_trainer("gpu", {}, program, args, scratch, launcher);
-  };
   examples::testing::expect_exact_resume(
-      launch, TRAIN_RESNET50,
+      on_every_gpu, TRAIN_RESNET50,
       {"--deterministic", "--precision", "bf16", "--batch", "16", "--image-size", "64", "--classes", "10", "--warmup",
        "2", "--lr", "0.002", "--eval-batches", "1", "--log-every", "1"},
       /*steps=*/8, /*fail_at=*/5, /*every=*/3);
+}
+
+// FP8 with delayed scaling: the amax histories and scales are part of the
+// checkpoint in both formats (the whole one lost them on load, the sharded
+// one never wrote them), so a killed run resumes with the scales it had,
+// not with a fresh layer's.
+TEST(ExamplesGpu, AKilledFp8LlamaRunResumesExactlyFromEitherCheckpointFormat) {
+  if (!has_gpu()) GTEST_SKIP() << "needs a GPU";
+  for (const char* format : {"whole", "sharded"}) {
+    SCOPED_TRACE(std::string("--checkpoint-format ") + format);
+    examples::testing::expect_exact_resume(
+        on_every_gpu, TRAIN_LLAMA,
+        {"--preset", "tiny", "--precision", "fp8", "--fp8-scaling", "delayed", "--batch", "8", "--warmup", "2", "--lr",
+         "3e-3", "--eval-batches", "1", "--log-every", "1", "--checkpoint-format", format},
+        /*steps=*/8, /*fail_at=*/5, /*every=*/3);
+  }
 }
 
 }  // namespace

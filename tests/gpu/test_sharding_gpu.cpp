@@ -60,6 +60,69 @@ TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
   }));
 }
 
+// Float8Linear's delayed-scaling state (amax histories and scales) is part
+// of the model's checkpoint in every mode and format: a resumed FP8 run casts
+// with the scales it had, not with a fresh layer's, and continues bit for bit.
+TEST(ShardingCuda, Float8DelayedScalingSurvivesEveryCheckpointFormat) {
+  expect_all_succeeded(run_ranks(1, [](int) {
+    auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
+    const auto recipe = ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4);
+    const auto make = [&](ddp::Sharding sharding) {
+      torch::manual_seed(0);
+      torch::nn::Sequential net(ddp::Float8Linear(torch::nn::LinearOptions(64, 64).bias(false), recipe),
+                                torch::nn::ReLU(),
+                                ddp::Float8Linear(torch::nn::LinearOptions(64, 32).bias(false), recipe));
+      net->to(pg->device());
+      auto options = ddp::DistributedDataParallelOptions().sharding(sharding);
+      if (sharding == ddp::Sharding::kFull) options.shard_units({"0", "2"});  // each layer gathered alone
+      return ddp::DistributedDataParallel<torch::nn::Sequential>(net, pg, options);
+    };
+    // Small inputs: a fresh layer's scales cast them far more coarsely than trained ones.
+    const auto train = [&](auto& model, torch::optim::SGD& sgd, int step) {
+      torch::manual_seed(100 + step);
+      const auto input = torch::randn({16, 64}, torch::TensorOptions().device(pg->device()).dtype(torch::kBFloat16));
+      sgd.zero_grad();
+      const auto output = model(input * 1e-3);
+      output.to(torch::kFloat).square().sum().backward();
+      sgd.step();
+      return output.detach();
+    };
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("ddp_float8_scaling_checkpoint_" + std::to_string(::getpid())))
+            .string();
+    for (const auto sharding : {ddp::Sharding::kNone, ddp::Sharding::kGradients, ddp::Sharding::kFull}) {
+      for (const bool sharded_format : {false, true}) {
+        const std::string what = ddp::to_string(sharding) + (sharded_format ? ", sharded checkpoint" : ", save_module");
+        auto trained = make(sharding);
+        torch::optim::SGD trained_sgd(trained.parameters(), torch::optim::SGDOptions(0.01));
+        for (int step = 0; step < 3; ++step) train(trained, trained_sgd, step);
+        if (sharded_format) {
+          trained.save_sharded_checkpoint(path);
+        } else {
+          torch::serialize::OutputArchive archive;
+          trained.save_module(archive);
+          archive.save_to(path);
+        }
+        auto resumed = make(sharding);
+        if (sharded_format) {
+          resumed.load_sharded_checkpoint(path);
+          remove_tree(path);
+        } else {
+          torch::serialize::InputArchive archive;
+          archive.load_from(path);
+          resumed.load_module(archive);
+          std::filesystem::remove(path);
+        }
+        torch::optim::SGD resumed_sgd(resumed.parameters(), torch::optim::SGDOptions(0.01));
+        for (int step = 3; step < 5; ++step) {
+          require(torch::equal(train(resumed, resumed_sgd, step), train(trained, trained_sgd, step)),
+                  what + ": the resumed model's output at step " + std::to_string(step) + " differs");
+        }
+      }
+    }
+  }));
+}
+
 // On one rank a reduce-scatter has nothing to do and its end on the
 // timeline comes before the end of backward's compute: the timings must wait
 // for both (they once read the compute's event before it completed).
