@@ -281,8 +281,9 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   for (std::size_t start = 0, end = 0; start < unfuse_list.size(); start = end + 1) {
     end = std::min(unfuse_list.find(',', start), unfuse_list.size());
     const std::string name = unfuse_list.substr(start, end - start);
-    if (name != "loss" && name != "residual-norm" && name != "fp32-weight-gradients") {
-      flags.fail("--unfuse takes loss, residual-norm and fp32-weight-gradients, comma-separated; got '" + name + "'");
+    if (name != "loss" && name != "residual-norm" && name != "fp32-weight-gradients" && name != "qkv") {
+      flags.fail("--unfuse takes loss, residual-norm, fp32-weight-gradients and qkv, comma-separated; got '" + name +
+                 "'");
     }
     unfuse.insert(name);
   }
@@ -290,6 +291,7 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   if (flags.on("repeat-kv-heads")) config.repeat_kv_heads = true;
   if (unfuse.count("residual-norm") != 0) config.fused_residual_norm = false;
   if (unfuse.count("fp32-weight-gradients") != 0) config.fp32_weight_gradients = false;
+  if (unfuse.count("qkv") != 0) config.fused_qkv = false;
   const bool fused_loss = config.fused_kernels && unfuse.count("loss") == 0;
   const std::int64_t seq = config.max_seq_len;
   llama::Llama model(config);
@@ -374,7 +376,8 @@ int main(int argc, char** argv) try {
       .add("unfuse", "",
            "LLaMA: fusions to leave out, comma-separated, for the A/B of each: loss (ops::cross_entropy), "
            "residual-norm (the residual add in the norm's kernel), fp32-weight-gradients "
-           "(ddp::Float8Options::fp32_weight_gradients); --unfused leaves out every fusion")
+           "(ddp::Float8Options::fp32_weight_gradients), qkv (wq, wk, wv as three layers); --unfused leaves out "
+           "every fusion")
       .add_switch("repeat-kv-heads",
                   "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
                   "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")

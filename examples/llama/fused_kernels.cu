@@ -330,6 +330,48 @@ __global__ void rotate_pairs_kernel(const T* __restrict__ x, const float* __rest
   }
 }
 
+/// The rows of an attention projection's output [tokens, row_pairs pairs]:
+/// a token's q, k and v side by side, as one GEMM wrote them (q_pairs, then
+/// k_pairs, then v's). Split (kMerge false): reads a row, writes q and k
+/// rotated and v as is into three tensors of their own. Merged (kMerge true,
+/// sin_sign -1: the inverse rotation, their gradient): reads the three
+/// gradients and writes the row, so that the projection's backward gets its
+/// output's gradient whole, where autograd would fill a zero tensor per slice
+/// and sum them.
+template <typename T, bool kMerge>
+__global__ void qkv_rotation_kernel(Pack<T, 2>* __restrict__ rows, Pack<T, 2>* __restrict__ q,
+                                    Pack<T, 2>* __restrict__ k, Pack<T, 2>* __restrict__ v,
+                                    const float* __restrict__ cos, const float* __restrict__ sin, int seq,
+                                    int pairs_per_head, int q_pairs, int k_pairs, int row_pairs, float sin_sign) {
+  const int64_t token = blockIdx.x;
+  const int64_t angle_row = (token % seq) * pairs_per_head;
+  const int v_pairs = row_pairs - q_pairs - k_pairs;
+  Pack<T, 2>* row = rows + token * row_pairs;
+  for (int i = threadIdx.x; i < row_pairs; i += blockDim.x) {
+    const bool rotated = i < q_pairs + k_pairs;
+    Pack<T, 2>* part = i < q_pairs ? q + token * q_pairs + i
+                       : rotated   ? k + token * k_pairs + (i - q_pairs)
+                                   : v + token * v_pairs + (i - q_pairs - k_pairs);
+    const Pack<T, 2> p = kMerge ? *part : row[i];
+    Pack<T, 2> r = p;
+    if (rotated) {
+      // q_pairs is a whole number of heads: k's pairs count from a head's start too.
+      const int j = i % pairs_per_head;
+      const float c = cos[angle_row + j];
+      const float s = sin_sign * sin[angle_row + j];
+      const float even = to_float(p.v[0]);
+      const float odd = to_float(p.v[1]);
+      r.v[0] = from_float<T>(even * c - odd * s);
+      r.v[1] = from_float<T>(even * s + odd * c);
+    }
+    if (kMerge) {
+      row[i] = r;
+    } else {
+      *part = r;
+    }
+  }
+}
+
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __device__ __forceinline__ float swiglu(float gate, float up) { return gate * sigmoid(gate) * up; }
@@ -599,6 +641,81 @@ at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Te
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return y;
+}
+
+namespace {
+
+/// Launches qkv_rotation_kernel over `rows` [batch, seq, (heads + 2 kv_heads)
+/// * head_dim] and q, k, v [batch, seq, heads or kv_heads, head_dim].
+template <bool kMerge>
+void rotate_qkv(const at::Tensor& rows, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& cos, const at::Tensor& sin, const char* what) {
+  for (const auto& [t, name] : {std::pair{&rows, "qkv"}, std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"},
+                                std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_input(*t, rows, what, name);
+  }
+  const int64_t head_dim = q.size(3);
+  TORCH_CHECK(rows.dim() == 3 && q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && head_dim % 2 == 0 &&
+                  k.size(3) == head_dim && q.size(0) == rows.size(0) && q.size(1) == rows.size(1) &&
+                  k.size(0) == rows.size(0) && k.size(1) == rows.size(1) &&
+                  rows.size(2) == (q.size(2) + 2 * k.size(2)) * head_dim && q.scalar_type() == rows.scalar_type() &&
+                  k.scalar_type() == rows.scalar_type() && v.scalar_type() == rows.scalar_type() && cos.dim() == 2 &&
+                  cos.size(0) == rows.size(1) && cos.size(1) == head_dim / 2 && sin.sizes() == cos.sizes() &&
+                  cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+              what,
+              ": qkv [batch, seq, (heads + 2 kv_heads) * head_dim], q [batch, seq, heads, head_dim], k and v "
+              "[batch, seq, kv_heads, head_dim] of its dtype, fp32 cos and sin [seq, head_dim / 2] expected, got ",
+              rows.sizes(), ", ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", cos.sizes(), ", ", sin.sizes());
+  for (const at::Tensor* t : {&rows, &q, &k, &v}) {
+    TORCH_CHECK(aligned(t->data_ptr(), 2 * t->element_size()), what, ": every tensor must start on a pair boundary");
+  }
+  const int64_t tokens = rows.size(0) * rows.size(1);
+  const int64_t row_pairs = rows.size(2) / 2;
+  TORCH_CHECK(tokens <= INT32_MAX && row_pairs <= INT32_MAX - kThreads, what, ": qkv of ", rows.sizes(),
+              " is too large");
+  if (tokens == 0) return;
+  const c10::cuda::CUDAGuard device_guard(rows.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, (row_pairs + 31) / 32 * 32));
+  with_cuda_type(rows.scalar_type(), what, [&](auto type) {
+    using T = typename decltype(type)::type;
+    const auto pairs = [](const at::Tensor& t) { return static_cast<Pack<T, 2>*>(t.data_ptr()); };
+    qkv_rotation_kernel<T, kMerge><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
+        pairs(rows), pairs(q), pairs(k), pairs(v), cos.data_ptr<float>(), sin.data_ptr<float>(),
+        static_cast<int>(rows.size(1)), static_cast<int>(head_dim / 2), static_cast<int>(q.size(2) * head_dim / 2),
+        static_cast<int>(k.size(2) * head_dim / 2), static_cast<int>(row_pairs), kMerge ? -1.0f : 1.0f);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_rotate_qkv(const at::Tensor& qkv, const at::Tensor& cos,
+                                                                const at::Tensor& sin, int64_t heads,
+                                                                int64_t kv_heads) {
+  const char* what = "llama::kernels::split_rotate_qkv";
+  TORCH_CHECK(qkv.dim() == 3 && heads > 0 && kv_heads > 0 && qkv.size(2) % (heads + 2 * kv_heads) == 0, what,
+              ": qkv [batch, seq, (heads + 2 kv_heads) * head_dim] expected, got ", qkv.sizes(), " for ", heads,
+              " heads and ", kv_heads, " key/value heads");
+  const int64_t head_dim = qkv.size(2) / (heads + 2 * kv_heads);
+  at::Tensor q = at::empty({qkv.size(0), qkv.size(1), heads, head_dim}, qkv.options());
+  at::Tensor k = at::empty({qkv.size(0), qkv.size(1), kv_heads, head_dim}, qkv.options());
+  at::Tensor v = at::empty_like(k);
+  rotate_qkv</*kMerge=*/false>(qkv, q, k, v, cos, sin, what);
+  return {std::move(q), std::move(k), std::move(v)};
+}
+
+at::Tensor merge_rotate_qkv(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& grad_v,
+                            const at::Tensor& cos, const at::Tensor& sin) {
+  const char* what = "llama::kernels::merge_rotate_qkv";
+  TORCH_CHECK(grad_q.dim() == 4 && grad_k.dim() == 4, what,
+              ": grad_q and grad_k [batch, seq, heads, head_dim] "
+              "expected, got ",
+              grad_q.sizes(), ", ", grad_k.sizes());
+  at::Tensor grad_qkv = at::empty(
+      {grad_q.size(0), grad_q.size(1), (grad_q.size(2) + 2 * grad_k.size(2)) * grad_q.size(3)}, grad_q.options());
+  rotate_qkv</*kMerge=*/true>(grad_qkv, grad_q, grad_k, grad_v, cos, sin, what);
+  return grad_qkv;
 }
 
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {

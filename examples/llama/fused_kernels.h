@@ -53,6 +53,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_rms_norm_backward(const at::T
 /// angles, which is the gradient of the rotation.
 at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse);
 
+/// q, k and v from the output of one projection, qkv [batch, seq, (heads +
+/// 2 kv_heads) * head_dim] (a token's q, k and v side by side), in one pass:
+/// q [batch, seq, heads, head_dim] and k [batch, seq, kv_heads, head_dim]
+/// rotated as rotate_pairs does, v as is.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_rotate_qkv(const at::Tensor& qkv, const at::Tensor& cos,
+                                                                const at::Tensor& sin, int64_t heads, int64_t kv_heads);
+
+/// The gradient of split_rotate_qkv: qkv's, written whole from those of q, k
+/// and v.
+at::Tensor merge_rotate_qkv(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& grad_v,
+                            const at::Tensor& cos, const at::Tensor& sin);
+
 /// silu(gate) * up, gate and up of one shape and dtype.
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include <torch/autograd.h>
@@ -136,6 +137,24 @@ struct FusedRotation : torch::autograd::Function<FusedRotation> {
   }
 };
 
+struct FusedSplitRotateQkv : torch::autograd::Function<FusedSplitRotateQkv> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv, const torch::Tensor& cos,
+                               const torch::Tensor& sin, std::int64_t heads, std::int64_t kv_heads) {
+    ctx->save_for_backward({cos, sin});
+    auto [q, k, v] = kernels::split_rotate_qkv(qkv, cos, sin, heads, kv_heads);
+    return {q, k, v};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    check_not_differentiated_twice("split_rotate_qkv");
+    const auto saved = ctx->get_saved_variables();
+    // A part that reached no loss comes as zeros (the context materialises gradients).
+    return {kernels::merge_rotate_qkv(grad_outputs[0].contiguous(), grad_outputs[1].contiguous(),
+                                      grad_outputs[2].contiguous(), saved[0], saved[1]),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& gate, const torch::Tensor& up) {
     const torch::Tensor g = gate.contiguous();
@@ -224,6 +243,33 @@ torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, con
   }
 #endif
   return rotate_pairs_aten(x, cos, sin);
+}
+
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(const torch::Tensor& qkv,
+                                                                         const torch::Tensor& cos,
+                                                                         const torch::Tensor& sin, std::int64_t heads,
+                                                                         std::int64_t kv_heads,
+                                                                         [[maybe_unused]] bool fused) {
+  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % (heads + 2 * kv_heads) == 0,
+              "llama::ops::split_rotate_qkv: qkv [batch, seq, (heads + 2 kv_heads) * head_dim] expected, got ",
+              qkv.sizes(), " for ", heads, " heads and ", kv_heads, " key/value heads");
+  const std::int64_t head_dim = qkv.size(2) / (heads + 2 * kv_heads);
+#if LLAMA_WITH_CUDA_KERNELS
+  const torch::Tensor input = qkv.contiguous();
+  if (fused && input.is_cuda() && kernel_dtype(input) && head_dim % 2 == 0 && cos.scalar_type() == torch::kFloat &&
+      sin.scalar_type() == torch::kFloat && cos.device() == input.device() && sin.device() == input.device() &&
+      cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == torch::IntArrayRef({input.size(1), head_dim / 2}) &&
+      sin.sizes() == cos.sizes() && !cos.requires_grad() && !sin.requires_grad() &&
+      reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (2 * input.element_size()) == 0) {
+    const auto parts = FusedSplitRotateQkv::apply(input, cos, sin, heads, kv_heads);
+    return {parts[0], parts[1], parts[2]};
+  }
+#endif
+  const auto part = [&](std::int64_t first_head, std::int64_t count) {
+    return qkv.narrow(2, first_head * head_dim, count * head_dim).view({qkv.size(0), qkv.size(1), count, head_dim});
+  };
+  return {rotate_pairs(part(0, heads), cos, sin, fused), rotate_pairs(part(heads, kv_heads), cos, sin, fused),
+          part(heads + kv_heads, kv_heads)};
 }
 
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, [[maybe_unused]] bool fused) {

@@ -9,6 +9,8 @@
 // passes are not themselves differentiable: asking for gradients of
 // gradients (create_graph) through them is an error.
 
+#include <cstdint>
+#include <tuple>
 #include <utility>
 
 #include <torch/types.h>
@@ -48,6 +50,17 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 /// (Meta's interleaved layout) by the angles of their position:
 /// (e, o) -> (e cos - o sin, e sin + o cos); cos and sin [seq, head_dim / 2] fp32.
 torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, bool fused);
+
+/// q, k and v of attention from qkv [batch, seq, (heads + 2 kv_heads) *
+/// head_dim], the output of one projection (a token's q, k and v side by
+/// side): q [batch, seq, heads, head_dim] and k, v [batch, seq, kv_heads,
+/// head_dim], q and k rotated as rotate_pairs does. Fused: one kernel
+/// forward, and one backward that writes qkv's gradient whole, where the
+/// ATen ops' backward fills a zero tensor per slice and sums them.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(const torch::Tensor& qkv,
+                                                                         const torch::Tensor& cos,
+                                                                         const torch::Tensor& sin, std::int64_t heads,
+                                                                         std::int64_t kv_heads, bool fused);
 
 /// silu(gate) * up.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, bool fused);

@@ -182,6 +182,12 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return ops::rms_nor
 
 torch::Tensor Rotation::apply(const torch::Tensor& x) const { return ops::rotate_pairs(x, cos, sin, fused); }
 
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Rotation::split_qkv(const torch::Tensor& qkv,
+                                                                            std::int64_t heads,
+                                                                            std::int64_t kv_heads) const {
+  return ops::split_rotate_qkv(qkv, cos, sin, heads, kv_heads, fused);
+}
+
 RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len, double theta) {
   const auto float64 = torch::TensorOptions().dtype(torch::kDouble);
   const torch::Tensor inverse_frequencies =
@@ -207,20 +213,32 @@ AttentionImpl::AttentionImpl(const LlamaConfig& config)
       head_dim(config.head_dim()),
       repeat_kv_heads(config.repeat_kv_heads) {
   const bool fp32_grads = config.fp32_weight_gradients;
-  wq = register_module("wq", linear(config.dim, n_heads * head_dim, fp32_grads));
-  wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim, fp32_grads));
-  wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim, fp32_grads));
+  if (config.fused_qkv) {
+    wqkv = register_module("wqkv", linear(config.dim, (n_heads + 2 * n_kv_heads) * head_dim, fp32_grads));
+  } else {
+    wq = register_module("wq", linear(config.dim, n_heads * head_dim, fp32_grads));
+    wk = register_module("wk", linear(config.dim, n_kv_heads * head_dim, fp32_grads));
+    wv = register_module("wv", linear(config.dim, n_kv_heads * head_dim, fp32_grads));
+    // In FP8 the normalised input is cast once for the three projections.
+    ddp::float8::share_input_cast({wq.get(), wk.get(), wv.get()});
+  }
   wo = register_module("wo", linear(n_heads * head_dim, config.dim, fp32_grads));
-  // In FP8 the normalised input is cast once for the three projections.
-  ddp::float8::share_input_cast({wq.get(), wk.get(), wv.get()});
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
   const std::int64_t batch = x.size(0);
   const std::int64_t seq = x.size(1);
-  torch::Tensor q = rotation.apply(wq(x).view({batch, seq, n_heads, head_dim})).transpose(1, 2);
-  torch::Tensor k = rotation.apply(wk(x).view({batch, seq, n_kv_heads, head_dim})).transpose(1, 2);
-  torch::Tensor v = wv(x).view({batch, seq, n_kv_heads, head_dim}).transpose(1, 2);
+  torch::Tensor q, k, v;
+  if (wqkv) {
+    std::tie(q, k, v) = rotation.split_qkv(wqkv(x), n_heads, n_kv_heads);
+  } else {
+    q = rotation.apply(wq(x).view({batch, seq, n_heads, head_dim}));
+    k = rotation.apply(wk(x).view({batch, seq, n_kv_heads, head_dim}));
+    v = wv(x).view({batch, seq, n_kv_heads, head_dim});
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
   // Repeated heads cost a copy of k and v per block and, in backward, the sums
   // of their gradients: 3.1 ms of a LLaMA-1.1B bf16 step's 121.6 ms of GPU
   // time on an H200 (profile of 2026-11-24). Grouped, the attention kernel

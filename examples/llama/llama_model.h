@@ -3,13 +3,16 @@
 // A LLaMA-architecture decoder: RMSNorm, rotary position embeddings,
 // grouped-query causal attention and a SwiGLU feed-forward in pre-norm
 // residual blocks. Parameter names are those of Meta's reference
-// implementation (tok_embeddings, layers.N.attention.wq, ..., norm, output).
+// implementation (tok_embeddings, layers.N.attention.wq, ..., norm, output),
+// except that by default (LlamaConfig::fused_qkv) wq, wk and wv are one layer,
+// layers.N.attention.wqkv, whose weight is theirs stacked.
 //
 // Every linear layer is a ddp::Float8Linear with FP8 off: it computes exactly
 // what torch::nn::Linear does until ddp::float8::enable_float8() switches it on.
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <torch/torch.h>
@@ -54,6 +57,12 @@ struct LlamaConfig {
   /// CUDA autocast (ddp::Float8Options::fp32_weight_gradients); false rounds
   /// them to the autocast dtype first, as torch::nn::Linear does.
   bool fp32_weight_gradients = true;
+  /// The attention's q, k and v projections as one layer (wqkv): one GEMM
+  /// instead of three forward and in each backward pass, no sum of three
+  /// input gradients, and one FP8 cast of the output gradient; the split
+  /// and the rotary embedding of q and k run in one kernel each way
+  /// (ops::split_rotate_qkv). false: Meta's three layers wq, wk, wv.
+  bool fused_qkv = true;
 
   /// "tiny" (byte-level, for CPU tests), "tinyllama-1.1b" or "llama2-7b".
   /// std::invalid_argument listing the valid names otherwise.
@@ -82,6 +91,10 @@ struct Rotation {
   /// Rotates consecutive pairs of features of x [batch, seq, heads, head_dim],
   /// Meta's (interleaved) layout.
   torch::Tensor apply(const torch::Tensor& x) const;
+  /// q, k and v of qkv [batch, seq, (heads + 2 kv_heads) * head_dim], q and
+  /// k rotated (ops::split_rotate_qkv).
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_qkv(const torch::Tensor& qkv, std::int64_t heads,
+                                                                    std::int64_t kv_heads) const;
 
   torch::Tensor cos;
   torch::Tensor sin;
@@ -112,7 +125,8 @@ struct AttentionImpl : torch::nn::Module {
 
   std::int64_t n_heads, n_kv_heads, head_dim;
   bool repeat_kv_heads;  ///< LlamaConfig::repeat_kv_heads
-  ddp::Float8Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  /// wqkv with LlamaConfig::fused_qkv, else wq, wk and wv.
+  ddp::Float8Linear wqkv{nullptr}, wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };
 TORCH_MODULE(Attention);
 

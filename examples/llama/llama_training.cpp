@@ -14,6 +14,7 @@ void use_reference_ops(LlamaConfig& config) {
   config.fused_kernels = false;
   config.repeat_kv_heads = true;
   config.fp32_weight_gradients = false;
+  config.fused_qkv = false;
 }
 
 ddp::float8::Report enable_float8_training(LlamaImpl& model, ddp::Float8Scaling scaling,

@@ -19,7 +19,7 @@
 namespace llama {
 
 /// The ATen ops of PyTorch's reference model everywhere (the --unfused
-/// flag): no fused kernels, repeated key/value heads, torch::nn::Linear's
+/// flag): no fused kernels, three q, k, v layers, repeated key/value heads, torch::nn::Linear's
 /// weight gradients; next_token_loss then takes fused = config.fused_kernels.
 void use_reference_ops(LlamaConfig& config);
 

@@ -2,6 +2,7 @@
 // attention, exact activation checkpointing, and that it learns.
 
 #include <cmath>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -150,7 +151,8 @@ TEST(Llama, TinyLlamaHas1_1BParameters) {
 }
 
 TEST(Llama, HasMetasNamesAndFloat8LinearsWithFp8Off) {
-  const auto config = LlamaConfig::preset("tiny");
+  auto config = LlamaConfig::preset("tiny");
+  config.fused_qkv = false;  // Meta's wq, wk, wv
   Llama model(config);
   std::int64_t float8_layers = 0;
   for (const auto& item : model->named_modules("", /*include_self=*/false)) {
@@ -172,6 +174,14 @@ TEST(Llama, HasMetasNamesAndFloat8LinearsWithFp8Off) {
   }
   // The rotary tables are not state: nothing for checkpoints or DDP's broadcast.
   EXPECT_TRUE(model->buffers().empty());
+
+  config.fused_qkv = true;  // the default: one projection in their place
+  Llama fused(config);
+  const auto fused_names = fused->named_parameters();
+  EXPECT_TRUE(fused_names.contains("layers.0.attention.wqkv.weight"));
+  EXPECT_FALSE(fused_names.contains("layers.0.attention.wq.weight"));
+  EXPECT_EQ(fused->modules(/*include_self=*/false).size() + 2 * config.n_layers,
+            model->modules(/*include_self=*/false).size());
 }
 
 TEST(Llama, InitialisationIsSeededAndSmall) {
@@ -185,7 +195,8 @@ TEST(Llama, InitialisationIsSeededAndSmall) {
   const auto a = first->named_parameters();
   const auto b = second->named_parameters();
   for (const auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key();
-  EXPECT_FALSE(torch::equal(a["layers.0.attention.wq.weight"], third->named_parameters()["layers.0.attention.wq.weight"]));
+  EXPECT_FALSE(
+      torch::equal(a["layers.0.attention.wqkv.weight"], third->named_parameters()["layers.0.attention.wqkv.weight"]));
 
   EXPECT_NEAR(a["tok_embeddings.weight"].std().item<double>(), 0.02, 0.002);
   EXPECT_NEAR(a["layers.0.feed_forward.w1.weight"].std().item<double>(), 0.02, 0.002);
@@ -226,7 +237,8 @@ TEST(Llama, IsCausal) {
 }
 
 TEST(Llama, GroupedQueryAttentionIsMultiHeadWithRepeatedKeyValueHeads) {
-  const auto gqa_config = LlamaConfig::preset("tiny");
+  auto gqa_config = LlamaConfig::preset("tiny");
+  gqa_config.fused_qkv = false;  // the key/value heads' weights by name
   ASSERT_LT(gqa_config.n_kv_heads, gqa_config.n_heads);
   auto mha_config = gqa_config;
   mha_config.n_kv_heads = mha_config.n_heads;
@@ -316,6 +328,49 @@ TEST(Llama, GroupedKeyValueHeadsGiveTheLossAndGradientsOfRepeatedOnes) {
   expect_same_loss_and_gradients(loss_and_gradients(grouped, tokens, /*checkpointing=*/false, ddp::Precision::kFp32),
                                  loss_and_gradients(repeated, tokens, /*checkpointing=*/false, ddp::Precision::kFp32),
                                  grouped->named_parameters().keys(), 1e-5);
+}
+
+// One q/k/v projection computes what Meta's three do, forward and backward,
+// when its weight is theirs stacked: its gradient is theirs stacked too.
+TEST(Llama, OneQkvProjectionIsThreeStacked) {
+  auto config = LlamaConfig::preset("tiny");
+  config.fused_qkv = false;
+  torch::manual_seed(0);
+  Llama three(config);
+  config.fused_qkv = true;
+  Llama one(config);
+  const auto source = three->named_parameters();
+  const auto stacked = [&](const std::string& prefix) {
+    return torch::cat({source[prefix + "wq.weight"], source[prefix + "wk.weight"], source[prefix + "wv.weight"]});
+  };
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : one->named_parameters()) {
+      const std::string& name = item.key();
+      const auto at = name.find("wqkv.weight");
+      item.value().copy_(at == std::string::npos ? source[name] : stacked(name.substr(0, at)));
+    }
+  }
+  const torch::Tensor tokens = random_tokens(config, 2, 33);
+  const auto [one_loss, one_grads] = loss_and_gradients(one, tokens, /*checkpointing=*/false, ddp::Precision::kFp32);
+  const auto [three_loss, three_grads] =
+      loss_and_gradients(three, tokens, /*checkpointing=*/false, ddp::Precision::kFp32);
+  EXPECT_NEAR(one_loss, three_loss, 1e-6);
+  const auto three_names = three->named_parameters().keys();
+  std::map<std::string, torch::Tensor> three_by_name;
+  for (std::size_t i = 0; i < three_names.size(); ++i) three_by_name[three_names[i]] = three_grads[i];
+  const auto one_names = one->named_parameters().keys();
+  for (std::size_t i = 0; i < one_names.size(); ++i) {
+    const std::string& name = one_names[i];
+    const auto at = name.find("wqkv.weight");
+    const std::string prefix = name.substr(0, at);
+    const torch::Tensor expected =
+        at == std::string::npos
+            ? three_by_name.at(name)
+            : torch::cat({three_by_name.at(prefix + "wq.weight"), three_by_name.at(prefix + "wk.weight"),
+                          three_by_name.at(prefix + "wv.weight")});
+    EXPECT_LE(max_difference(one_grads[i], expected), 1e-5) << name;
+  }
 }
 
 TEST(Llama, ActivationCheckpointingGivesTheSameGradients) { expect_checkpointing_is_exact(ddp::Precision::kFp32); }

@@ -198,6 +198,30 @@ TEST(LlamaFusedOps, RotationMatchesAten) {
   }
 }
 
+// One kernel splits a q/k/v projection's output and rotates q and k, and
+// one writes its gradient whole; TinyLlama's heads (32 and 4 of 64) and an
+// odd small shape (3 and 1 of 8).
+TEST(LlamaFusedOps, SplitRotateQkvMatchesAten) {
+  for (const auto& [heads, kv_heads, head_dim] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{32, 4, 64},
+                                                  std::tuple<std::int64_t, std::int64_t, std::int64_t>{3, 1, 8}}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(3);
+      const std::int64_t seq = 130;
+      const auto angles = torch::randn({seq, head_dim / 2}, torch::TensorOptions().device(kGpu)) * 3;
+      const auto qkv =
+          torch::randn({2, seq, (heads + 2 * kv_heads) * head_dim}, torch::TensorOptions().device(kGpu)).to(dtype);
+      expect_fused_matches_aten(
+          {qkv},
+          [&, heads = heads, kv_heads = kv_heads](const std::vector<torch::Tensor>& in, bool fused) {
+            const auto [q, k, v] =
+                llama::ops::split_rotate_qkv(in[0], angles.cos(), angles.sin(), heads, kv_heads, fused);
+            return torch::cat({q.flatten(), k.flatten(), v.flatten()});
+          },
+          dtype, "split_rotate_qkv " + std::string(c10::toString(dtype)) + " " + std::to_string(heads) + " heads");
+    }
+  }
+}
+
 TEST(LlamaFusedOps, SwigluMatchesAten) {
   // 4096 x 5632 elements: vectorized; 1001 x 7: scalar.
   for (const auto& shape : {std::vector<std::int64_t>{4096, 5632}, std::vector<std::int64_t>{1001, 7}}) {
