@@ -337,6 +337,8 @@ class DistributedDataParallel {
   /// go into this rank's shards; the next forward gathers them. Strict, as
   /// PyTorch's load_state_dict: UsageError naming a tensor or module that the
   /// archive or the model lacks, or that it holds in another shape or dtype.
+  /// Float8Linear layers get back their delayed-scaling state (amax histories
+  /// and scales), which save_module() and the sharded checkpoint keep too.
   void load_module(torch::serialize::InputArchive& archive) { core_->load_module(archive); }
 
   /// Writes into `archive` the state of `optimizer` (built over

@@ -110,9 +110,11 @@ class DDP_API Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
   /// The delayed-scaling state (amax histories and scales) is saved beside
   /// `weight` and `bias`, and loading accepts a plain Linear's checkpoint.
   void save(torch::serialize::OutputArchive& archive) const override;
-  /// Reads what save() wrote, or a plain torch::nn::Linear's checkpoint.
-  /// UsageError when the checkpoint's delayed-scaling state does not fit this
-  /// layer's recipe (current scaling, another amax_history_len).
+  /// Reads what save() wrote, or a plain torch::nn::Linear's checkpoint. A
+  /// layer with FP8 off and current scaling ignores delayed-scaling state (a
+  /// bf16 model reading an FP8 run's checkpoint); UsageError when the state
+  /// does not fit a layer running FP8 (current scaling, another
+  /// amax_history_len). Enable FP8 before loading, so that the state is kept.
   void load(torch::serialize::InputArchive& archive) override;
 
   /// The latest amaxes of this layer's input, weight and output gradient

@@ -22,10 +22,6 @@ namespace {
 
 using HostCopies = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
 
-// The key Float8LinearImpl::save writes its delayed-scaling state under,
-// beside its parameters.
-constexpr const char* kFloat8Scaling = "float8_scaling";
-
 // Module::save's layout: the module's own parameters and buffers by name,
 // then one archive per serializable child.
 void write(const torch::nn::Module& module, const HostCopies& host, torch::serialize::OutputArchive& archive) {
@@ -39,7 +35,7 @@ void write(const torch::nn::Module& module, const HostCopies& host, torch::seria
   // Where Float8LinearImpl::save puts its delayed-scaling state.
   if (const auto* layer = dynamic_cast<const Float8LinearImpl*>(&module)) {
     torch::serialize::OutputArchive scaling(archive.compilation_unit());
-    if (Float8LinearAccess::save_scaling(*layer, scaling)) archive.write(kFloat8Scaling, scaling);
+    if (Float8LinearAccess::save_scaling(*layer, scaling)) archive.write(Float8LinearAccess::kScalingKey, scaling);
   }
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;
@@ -96,7 +92,7 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
     known.insert(child.key());
   }
   auto* const float8_layer = dynamic_cast<Float8LinearImpl*>(&module);
-  if (float8_layer != nullptr) known.insert(kFloat8Scaling);
+  if (float8_layer != nullptr) known.insert(Float8LinearAccess::kScalingKey);
   // As PyTorch's strict load_state_dict: what the model lacks would otherwise
   // be dropped without a word, and a checkpoint of a larger model would load.
   for (const std::string& key : archive.keys()) {
@@ -107,7 +103,7 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
     }
   }
   torch::serialize::InputArchive scaling;
-  if (float8_layer != nullptr && archive.try_read(kFloat8Scaling, scaling)) {
+  if (float8_layer != nullptr && archive.try_read(Float8LinearAccess::kScalingKey, scaling)) {
     Float8LinearAccess::load_scaling(*float8_layer, path, scaling);
   }
   for (const auto& child : module.named_children()) {

@@ -31,7 +31,6 @@ namespace {
 
 constexpr std::int64_t kFormat = 1;
 constexpr const char* kManifest = "manifest.pt";
-constexpr const char* kFloat8Scaling = "float8_scaling";
 
 /// A run of one parameter's elements, in its flat layout (flat_layout_strides), held by one rank.
 struct Piece {
@@ -430,7 +429,8 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   }
   for (const auto& [name, tensor] : replicated_here) tensor.detach().copy_(saved_replicated.at(name));
   torch::serialize::InputArchive float8_layers;
-  if (manifest.try_read(kFloat8Scaling, float8_layers)) {  // checkpoints of before 2026-11-28 have none
+  if (manifest.try_read(Float8LinearAccess::kScalingKey,
+                        float8_layers)) {  // checkpoints of before 2026-11-28 have none
     std::map<std::string, Float8LinearImpl*> layers_here;
     for (const auto& item : model.module.named_modules()) {
       if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
@@ -575,7 +575,7 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
           replicated.write("count", c10::IValue(count));
           archive.write("replicated", replicated);
           torch::serialize::OutputArchive float8_layers = float8_scalings(model);
-          archive.write(kFloat8Scaling, float8_layers);
+          archive.write(Float8LinearAccess::kScalingKey, float8_layers);
           if (extra) {
             torch::serialize::OutputArchive extra_archive;
             extra(extra_archive);

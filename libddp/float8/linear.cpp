@@ -362,10 +362,12 @@ NamedScalings named_scalings(Float8LinearState& state) {
 
 bool Float8LinearAccess::save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling) {
   if (!layer.state_ || !layer.state_->input.delayed()) return false;
+  const auto host = [](const at::Tensor& t) { return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); };
   for (auto [role, tensor_scaling] : named_scalings(*layer.state_)) {
-    tensor_scaling->commit_pending_amax();
-    scaling.write(std::string(role) + ".amax_history", tensor_scaling->amax_history(), /*is_buffer=*/true);
-    scaling.write(std::string(role) + ".scale", tensor_scaling->scale(), /*is_buffer=*/true);
+    TensorScaling committed = tensor_scaling->with_copied_state();
+    committed.commit_pending_amax();
+    scaling.write(std::string(role) + ".amax_history", host(committed.amax_history()), /*is_buffer=*/true);
+    scaling.write(std::string(role) + ".scale", host(committed.scale()), /*is_buffer=*/true);
   }
   return true;
 }
@@ -374,11 +376,15 @@ void Float8LinearAccess::load_scaling(Float8LinearImpl& layer, const std::string
                                       torch::serialize::InputArchive& scaling) {
   const std::string who = name.empty() ? "Float8Linear" : fmt::format("Float8Linear '{}'", name);
   if (layer.float8_options.scaling() != Float8Scaling::kDelayed) {
+    if (!layer.float8_enabled()) return;
     throw UsageError(fmt::format(
         "{}: the checkpoint holds delayed-scaling state but this layer uses current scaling; construct it with "
         "Float8Options().scaling(ddp::Float8Scaling::kDelayed)",
         who));
   }
+#if !DDP_TORCH_HAS_SCALED_MM
+  if (!layer.float8_enabled()) return;  // this LibTorch runs no FP8: nothing to restore the state for
+#endif
   if (!layer.state_) {
     layer.state_ = make_float8_state(layer.float8_options, layer.weight.device(), /*check_device=*/false);
   }
@@ -417,14 +423,18 @@ void Float8LinearImpl::save(torch::serialize::OutputArchive& archive) const {
   // Beside weight and bias, not among the buffers, so that the parameters
   // and their keys stay those of torch::nn::Linear.
   torch::serialize::OutputArchive scaling(archive.compilation_unit());
-  if (detail::Float8LinearAccess::save_scaling(*this, scaling)) archive.write("float8_scaling", scaling);
+  if (detail::Float8LinearAccess::save_scaling(*this, scaling)) {
+    archive.write(detail::Float8LinearAccess::kScalingKey, scaling);
+  }
 }
 
 void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
   torch::nn::Module::load(archive);
   torch::serialize::InputArchive scaling;
   // A plain Linear's checkpoint has none.
-  if (archive.try_read("float8_scaling", scaling)) detail::Float8LinearAccess::load_scaling(*this, "", scaling);
+  if (archive.try_read(detail::Float8LinearAccess::kScalingKey, scaling)) {
+    detail::Float8LinearAccess::load_scaling(*this, "", scaling);
+  }
 }
 
 }  // namespace ddp

@@ -63,16 +63,23 @@ struct Float8LinearAccess {
   /// backward.
   static TensorScaling* fusable_grad_output_scaling(Float8LinearImpl& layer);
 
-  // The delayed-scaling state in a checkpoint: the same archive whether the
-  // layer saves itself (Module::save) or a checkpoint writes the module's
-  // tensors for it (DDP's sharded save_module, the sharded format).
+  // The delayed-scaling state in a checkpoint: the same archive, under the
+  // key kScalingKey beside the layer's parameters, whether the layer saves
+  // itself (Module::save) or a checkpoint writes the module's tensors for it
+  // (DDP's sharded save_module, the sharded format's manifest).
+  static constexpr const char* kScalingKey = "float8_scaling";
 
-  /// Writes the layer's amax histories and scales into `scaling`; false, and
-  /// nothing written, unless the layer has delayed-scaling state.
+  /// Writes host copies of the layer's amax histories and scales into
+  /// `scaling`, with a pending amax entered as the next commit would enter
+  /// it, but without committing it: saving runs on rank 0 alone, and a
+  /// commit there would put its histories out of step with the other ranks'.
+  /// False, and nothing written, unless the layer has delayed-scaling state.
   static bool save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling);
   /// Loads what save_scaling() wrote, making the state where the layer has
-  /// none yet. UsageError naming `name` when it does not fit the layer's
-  /// recipe (current scaling, another amax_history_len).
+  /// none yet. A layer with FP8 off and current scaling (a bf16 model
+  /// reading an FP8 run's checkpoint) has no use for it and ignores it.
+  /// UsageError naming `name` when it does not fit a layer running FP8
+  /// (current scaling, another amax_history_len).
   static void load_scaling(Float8LinearImpl& layer, const std::string& name, torch::serialize::InputArchive& scaling);
 };
 

@@ -245,6 +245,20 @@ void TensorScaling::to(const c10::Device& device) {
   state_->pending_amax = state_->pending_amax.to(device);
 }
 
+TensorScaling TensorScaling::with_copied_state() const {
+  TensorScaling copy = *this;
+  if (!delayed()) return copy;
+  auto state = c10::make_intrusive<DelayedScalingState>();
+  state->amax_history = state_->amax_history.clone();
+  state->scale = state_->scale.clone();
+  state->pending_amax = state_->pending_amax.clone();
+  state->amax_pending = state_->amax_pending;
+  state->scale_target = state_->scale_target;
+  state->use_max = state_->use_max;
+  copy.state_ = std::move(state);
+  return copy;
+}
+
 void TensorScaling::save_to(torch::autograd::AutogradContext* context, const std::string& prefix) const {
   auto& saved = context->saved_data;
   saved[prefix + "scaling"] = static_cast<int64_t>(options_.scaling());

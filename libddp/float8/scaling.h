@@ -82,6 +82,11 @@ class TensorScaling {
   void refresh_scale();
   /// Moves the delayed-scaling state to `device`.
   void to(const c10::Device& device);
+  /// A scaling of the same recipe with a copy of this one's delayed-scaling
+  /// state (amax history, scale, pending amax): committing the copy shows
+  /// what a commit would leave and leaves this state alone. Current scaling:
+  /// a plain copy.
+  TensorScaling with_copied_state() const;
 
   bool delayed() const { return options_.scaling() == Float8Scaling::kDelayed; }
   bool amax_pending() const { return delayed() && state_->amax_pending; }

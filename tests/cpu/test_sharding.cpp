@@ -611,20 +611,27 @@ TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefuse
                                                                          pg, options);
       refused([&] { shorter.load_module(archive); }, "the checkpoint holds '1', which this model does not have");
       // Except the delayed-scaling state Float8Linear saves beside its parameters, in its own layers only,
-      // where it is read, not dropped: a layer of current scaling refuses it as Float8LinearImpl::load does.
-      // (Its restoring is checked on a GPU, ShardingCuda.Float8DelayedScalingSurvivesEveryCheckpointFormat.)
-      const auto with_scaling = [](torch::serialize::OutputArchive& out) {
-        torch::nn::Linear(4, 3)->save(out);
-        torch::serialize::OutputArchive scaling(out.compilation_unit());
-        scaling.write("input.scale", torch::ones({1}), /*is_buffer=*/true);
-        out.write("float8_scaling", scaling);
+      // where it is read, not dropped: a layer running FP8 with current scaling refuses it, as
+      // Float8LinearImpl::load does, and one with FP8 off (a bf16 model) ignores it. (Its restoring is
+      // checked on a GPU, ShardingCuda.Float8DelayedScalingSurvivesEveryCheckpointFormat.)
+      const auto with_scaling = [&](std::int64_t features) {
+        return written_by([features](torch::serialize::OutputArchive& out) {
+          torch::nn::Linear(features, 3)->save(out);
+          torch::serialize::OutputArchive scaling(out.compilation_unit());
+          scaling.write("input.scale", torch::ones({1}), /*is_buffer=*/true);
+          out.write("float8_scaling", scaling);
+        });
       };
-      auto float8 = ddp::DistributedDataParallel<ddp::Float8Linear>(
+      auto float8_off = ddp::DistributedDataParallel<ddp::Float8Linear>(
           ddp::Float8Linear(torch::nn::LinearOptions(4, 3), ddp::Float8Options().enabled(false)), pg, options);
-      archive = written_by(with_scaling);
-      refused([&] { float8.load_module(archive); },
+      archive = with_scaling(4);
+      float8_off.load_module(archive);
+      auto float8_current = ddp::DistributedDataParallel<ddp::Float8Linear>(
+          ddp::Float8Linear(torch::nn::LinearOptions(16, 3), ddp::Float8Options()), pg, options);
+      archive = with_scaling(16);
+      refused([&] { float8_current.load_module(archive); },
               "Float8Linear: the checkpoint holds delayed-scaling state but this layer uses current scaling");
-      archive = written_by(with_scaling);
+      archive = with_scaling(4);
       refused([&] { floats.load_module(archive); },
               "the checkpoint holds 'float8_scaling', which this model does not have");
     }
