@@ -5,7 +5,8 @@ libddp can be compared with what a Python user runs.
     python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
         benchmarks/scaling/pytorch_ddp.py --model llama --preset tinyllama-1.1b --precision bf16 --json out.jsonl
 
-Models (each the op-for-op equivalent of the C++ one):
+Models (each the op-for-op equivalent of the C++ one as --unfused builds it;
+libddp's default fusions, listed in README.md, differ only in how they compute):
   resnet50  examples/resnet50/resnet.cpp: torchvision's ResNet-50 (v1.5),
             channels_last, SGD (momentum 0.9, weight decay 5e-5 on weights of
             dim > 1 only, no nesterov; fused on CUDA, as libddp's FusedSGD),

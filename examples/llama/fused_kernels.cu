@@ -673,7 +673,7 @@ void rotate_qkv(const at::Tensor& rows, const at::Tensor& q, const at::Tensor& k
   const int64_t row_pairs = rows.size(2) / 2;
   TORCH_CHECK(tokens <= INT32_MAX && row_pairs <= INT32_MAX - kThreads, what, ": qkv of ", rows.sizes(),
               " is too large");
-  if (tokens == 0) return;
+  if (tokens == 0 || row_pairs == 0) return;
   const c10::cuda::CUDAGuard device_guard(rows.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, (row_pairs + 31) / 32 * 32));

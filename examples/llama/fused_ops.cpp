@@ -250,19 +250,22 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(const t
                                                                          const torch::Tensor& sin, std::int64_t heads,
                                                                          std::int64_t kv_heads,
                                                                          [[maybe_unused]] bool fused) {
-  TORCH_CHECK(qkv.dim() == 3 && qkv.size(2) % (heads + 2 * kv_heads) == 0,
+  TORCH_CHECK(qkv.dim() == 3 && heads > 0 && kv_heads > 0 && qkv.size(2) % (heads + 2 * kv_heads) == 0,
               "llama::ops::split_rotate_qkv: qkv [batch, seq, (heads + 2 kv_heads) * head_dim] expected, got ",
               qkv.sizes(), " for ", heads, " heads and ", kv_heads, " key/value heads");
   const std::int64_t head_dim = qkv.size(2) / (heads + 2 * kv_heads);
 #if LLAMA_WITH_CUDA_KERNELS
-  const torch::Tensor input = qkv.contiguous();
-  if (fused && input.is_cuda() && kernel_dtype(input) && head_dim % 2 == 0 && cos.scalar_type() == torch::kFloat &&
-      sin.scalar_type() == torch::kFloat && cos.device() == input.device() && sin.device() == input.device() &&
-      cos.is_contiguous() && sin.is_contiguous() && cos.sizes() == torch::IntArrayRef({input.size(1), head_dim / 2}) &&
-      sin.sizes() == cos.sizes() && !cos.requires_grad() && !sin.requires_grad() &&
-      reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (2 * input.element_size()) == 0) {
-    const auto parts = FusedSplitRotateQkv::apply(input, cos, sin, heads, kv_heads);
-    return {parts[0], parts[1], parts[2]};
+  if (fused && qkv.is_cuda() && kernel_dtype(qkv) && head_dim > 0 && head_dim % 2 == 0 &&
+      cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat && cos.device() == qkv.device() &&
+      sin.device() == qkv.device() && cos.is_contiguous() && sin.is_contiguous() &&
+      cos.sizes() == torch::IntArrayRef({qkv.size(1), head_dim / 2}) && sin.sizes() == cos.sizes() &&
+      !cos.requires_grad() && !sin.requires_grad()) {
+    const torch::Tensor input = qkv.contiguous();
+    // The kernel loads a pair at a time.
+    if (reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (2 * input.element_size()) == 0) {
+      const auto parts = FusedSplitRotateQkv::apply(input, cos, sin, heads, kv_heads);
+      return {parts[0], parts[1], parts[2]};
+    }
   }
 #endif
   const auto part = [&](std::int64_t first_head, std::int64_t count) {

@@ -103,7 +103,7 @@ struct Rotation {
 
 /// The tables of rotary position embeddings. Not a module: they are a
 /// function of the configuration, so they are kept out of the state dict
-/// (checkpoints keep Meta's keys), out of DDP's buffer broadcast, and in fp32
+/// (checkpoints keep the parameters' keys only), out of DDP's buffer broadcast, and in fp32
 /// when the model is cast to a lower precision. They follow the input to its
 /// device on first use instead of with Module::to().
 class RotaryEmbedding {

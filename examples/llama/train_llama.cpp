@@ -67,7 +67,8 @@ int main(int argc, char** argv) try {
       .add("eval-batches", "10", "validation batches per rank at each evaluation")
       .add_switch("unfused",
                   "the ATen ops of PyTorch's reference model instead of the fused kernels and GEMM epilogues "
-                  "(to compare the loss curves)")
+                  "(to compare the loss curves); its q, k, v are three layers (wq, wk, wv) where the default has "
+                  "one (wqkv), so a checkpoint resumes only with the flag it was written with")
       .add_switch("activation-checkpointing", "recompute each block's activations in backward to save memory")
       .add("sharding", "none",
            "what each rank keeps whole: none (plain DDP) | optimizer (ZeRO-1: optimizer state sharded) | gradients "

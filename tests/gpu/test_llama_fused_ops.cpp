@@ -215,6 +215,9 @@ TEST(LlamaFusedOps, SplitRotateQkvMatchesAten) {
           [&, heads = heads, kv_heads = kv_heads](const std::vector<torch::Tensor>& in, bool fused) {
             const auto [q, k, v] =
                 llama::ops::split_rotate_qkv(in[0], angles.cos(), angles.sin(), heads, kv_heads, fused);
+            // The fused call must have run the kernels, not the ATen ops it is compared with.
+            EXPECT_EQ(fused, q.grad_fn()->name().find("FusedSplitRotateQkv") != std::string::npos)
+                << q.grad_fn()->name();
             return torch::cat({q.flatten(), k.flatten(), v.flatten()});
           },
           dtype, "split_rotate_qkv " + std::string(c10::toString(dtype)) + " " + std::to_string(heads) + " heads");
