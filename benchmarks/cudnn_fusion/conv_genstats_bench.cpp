@@ -75,7 +75,9 @@ class CallFailed : public std::runtime_error {
 std::string cudnn_failure(cudnnStatus_t status, const char* call, const char* file, int line) {
   if (status == CUDNN_STATUS_SUCCESS) return {};
   char detail[1024] = {};
+#if CUDNN_MAJOR >= 9  // cuDNN 8 keeps no last error
   cudnnGetLastErrorString(detail, sizeof(detail));
+#endif
   std::string message = fmt::format("{}:{}: {} failed: {}", file_name(file), line, call, cudnnGetErrorString(status));
   if (detail[0] != '\0') message += fmt::format(" ({})", detail);
   return message;
