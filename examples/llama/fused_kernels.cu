@@ -709,9 +709,7 @@ at::Tensor merge_rotate_qkv(const at::Tensor& grad_q, const at::Tensor& grad_k, 
                             const at::Tensor& cos, const at::Tensor& sin) {
   const char* what = "llama::kernels::merge_rotate_qkv";
   TORCH_CHECK(grad_q.dim() == 4 && grad_k.dim() == 4, what,
-              ": grad_q and grad_k [batch, seq, heads, head_dim] "
-              "expected, got ",
-              grad_q.sizes(), ", ", grad_k.sizes());
+              ": grad_q and grad_k [batch, seq, heads, head_dim] expected, got ", grad_q.sizes(), ", ", grad_k.sizes());
   at::Tensor grad_qkv = at::empty(
       {grad_q.size(0), grad_q.size(1), (grad_q.size(2) + 2 * grad_k.size(2)) * grad_q.size(3)}, grad_q.options());
   rotate_qkv</*kMerge=*/true>(grad_qkv, grad_q, grad_k, grad_v, cos, sin, what);

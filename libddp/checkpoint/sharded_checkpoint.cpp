@@ -201,6 +201,35 @@ struct Destination {
   std::int64_t covered = 0;
 };
 
+/// Loads what float8_scalings() wrote into the manifest into the model's
+/// Float8Linear layers; checkpoints of before 2026-11-28 have none.
+void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::InputArchive& manifest,
+                             const std::string& directory) {
+  torch::serialize::InputArchive layers;
+  if (!manifest.try_read(Float8LinearAccess::kScalingKey, layers)) return;
+  std::map<std::string, Float8LinearImpl*> layers_here;
+  for (const auto& item : model.module.named_modules()) {
+    if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
+  }
+  const std::string manifest_path = path_in(directory, kManifest);
+  const std::int64_t count = read(layers, manifest_path, "count").toInt();
+  for (std::int64_t k = 0; k < count; ++k) {
+    torch::serialize::InputArchive entry;
+    layers.read(fmt::format("l{}", k), entry);
+    const std::string name = read(entry, manifest_path, "name").toStringRef();
+    auto it = layers_here.find(name);
+    if (it == layers_here.end()) {
+      throw UsageError(
+          fmt::format("sharded checkpoint '{}' holds the FP8 scaling state of a Float8Linear '{}' that this model "
+                      "does not have; it belongs to another model",
+                      directory, name));
+    }
+    torch::serialize::InputArchive scaling;
+    entry.read("state", scaling);
+    Float8LinearAccess::load_scaling(*it->second, name, scaling);
+  }
+}
+
 void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimizer, const std::string& directory,
                const std::function<void(torch::serialize::InputArchive&)>& extra) {
   c10::NoGradGuard no_grad;
@@ -428,30 +457,7 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     }
   }
   for (const auto& [name, tensor] : replicated_here) tensor.detach().copy_(saved_replicated.at(name));
-  torch::serialize::InputArchive float8_layers;
-  if (manifest.try_read(Float8LinearAccess::kScalingKey,
-                        float8_layers)) {  // checkpoints of before 2026-11-28 have none
-    std::map<std::string, Float8LinearImpl*> layers_here;
-    for (const auto& item : model.module.named_modules()) {
-      if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
-    }
-    const std::int64_t layer_count = read(float8_layers, manifest_path, "count").toInt();
-    for (std::int64_t k = 0; k < layer_count; ++k) {
-      torch::serialize::InputArchive entry;
-      float8_layers.read(fmt::format("l{}", k), entry);
-      const std::string name = read(entry, manifest_path, "name").toStringRef();
-      auto it = layers_here.find(name);
-      if (it == layers_here.end()) {
-        throw UsageError(fmt::format(
-            "sharded checkpoint '{}' holds the FP8 scaling state of a Float8Linear '{}' that this model does not "
-            "have; it belongs to another model",
-            directory, name));
-      }
-      torch::serialize::InputArchive scaling;
-      entry.read("state", scaling);
-      Float8LinearAccess::load_scaling(*it->second, name, scaling);
-    }
-  }
+  restore_float8_scalings(model, manifest, directory);
   if (model.sharded != nullptr) model.sharded->shards_written();
 
   if (extra) {

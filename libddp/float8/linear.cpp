@@ -1,11 +1,9 @@
 #include <ddp/float8.h>
 
-#include <array>
 #include <cmath>
 #include <optional>
-#include <string>
-#include <utility>
 #include <ostream>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -353,17 +351,10 @@ TensorScaling* Float8LinearAccess::fusable_grad_output_scaling(Float8LinearImpl&
   return layer_state != nullptr && layer_state->grad_output.delayed() ? &layer_state->grad_output : nullptr;
 }
 
-namespace {
-using NamedScalings = std::array<std::pair<const char*, TensorScaling*>, 3>;
-NamedScalings named_scalings(Float8LinearState& state) {
-  return {{{"input", &state.input}, {"weight", &state.weight}, {"grad_output", &state.grad_output}}};
-}
-}  // namespace
-
 bool Float8LinearAccess::save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling) {
   if (!layer.state_ || !layer.state_->input.delayed()) return false;
   const auto host = [](const at::Tensor& t) { return t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true); };
-  for (auto [role, tensor_scaling] : named_scalings(*layer.state_)) {
+  for (auto [role, tensor_scaling] : layer.state_->named_scalings()) {
     TensorScaling committed = tensor_scaling->with_copied_state();
     committed.commit_pending_amax();
     scaling.write(std::string(role) + ".amax_history", host(committed.amax_history()), /*is_buffer=*/true);
@@ -388,7 +379,7 @@ void Float8LinearAccess::load_scaling(Float8LinearImpl& layer, const std::string
   if (!layer.state_) {
     layer.state_ = make_float8_state(layer.float8_options, layer.weight.device(), /*check_device=*/false);
   }
-  for (auto [role, tensor_scaling] : named_scalings(*layer.state_)) {
+  for (auto [role, tensor_scaling] : layer.state_->named_scalings()) {
     at::Tensor history;
     at::Tensor scale;
     scaling.read(std::string(role) + ".amax_history", history, /*is_buffer=*/true);

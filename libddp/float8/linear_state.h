@@ -6,6 +6,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include <c10/core/Device.h>
 
@@ -29,6 +30,10 @@ struct Float8LinearState {
   c10::Device device{c10::kCPU};
 
   std::array<TensorScaling*, 3> scalings() { return {&input, &weight, &grad_output}; }
+  /// The same with their roles' names, the keys of their checkpoint entries.
+  std::array<std::pair<const char*, TensorScaling*>, 3> named_scalings() {
+    return {{{"input", &input}, {"weight", &weight}, {"grad_output", &grad_output}}};
+  }
 
   void to(const c10::Device& target) {
     for (TensorScaling* scaling : scalings()) scaling->to(target);
