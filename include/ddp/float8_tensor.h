@@ -35,10 +35,10 @@ namespace float8 {
 /// Writes `output`, the FP8 cast of the matrix `input`, in one pass over it,
 /// as Float8Tensor says: `output.data` and/or `output.transposed` (allocated
 /// by the caller, one FP8 dtype), the amax where given, the inverse scale,
-/// and the scale where none was given (these two allocated here if undefined). input: [M, K] contiguous bf16, fp16 or
-/// fp32 on a CUDA device; products are taken in fp32, saturated and rounded to nearest even. Runs on the current CUDA
-/// stream without synchronising with the host. Throws UsageError where libddp was built without its CUDA kernels
-/// (LibTorch < 2.1 or without CUDA).
+/// and the scale where none was given (these two allocated here if undefined). input: [M, K] bf16, fp16 or fp32 on a
+/// CUDA device, each row contiguous (a column range of a wider matrix too, as is output.data); products are taken in
+/// fp32, saturated and rounded to nearest even. Runs on the current CUDA stream without synchronising with the host.
+/// Throws UsageError where libddp was built without its CUDA kernels (LibTorch < 2.1 or without CUDA).
 DDP_API void cast_transpose(const at::Tensor& input, Float8Tensor& output);
 
 }  // namespace float8

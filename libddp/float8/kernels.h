@@ -44,11 +44,15 @@ void update_amax_histories(const std::vector<DelayedScalingState*>& states, bool
 
 /// silu(gate) * up, computed in fp32 and written straight into the FP8 cast
 /// `y` (float8::cast_transpose's rules), with no bf16 result: gate and up
-/// [rows, cols], contiguous, one dtype.
+/// [rows, cols], one dtype, each row contiguous (two contiguous matrices, or
+/// the column halves of one [rows, 2 cols]).
 void swiglu_to_float8(const at::Tensor& gate, const at::Tensor& up, Float8Tensor& y);
 
 /// The gradients of silu(gate) * up for grad_y, written likewise as FP8
-/// casts in one format: grad_y, gate and up [rows, cols].
+/// casts in one format: grad_y, gate and up [rows, cols], each row
+/// contiguous. grad_gate and grad_up may be the halves of one
+/// cast: their data the column halves of one [rows, 2 cols], their
+/// transposes the row halves of one [2 cols, rows], one scale and amax.
 void swiglu_gradients_to_float8(const at::Tensor& grad_y, const at::Tensor& gate, const at::Tensor& up,
                                 Float8Tensor& grad_gate, Float8Tensor& grad_up);
 

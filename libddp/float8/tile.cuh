@@ -96,9 +96,13 @@ struct TileArgs {
   TileOutput outputs[kOutputs];
   float largest;
   int64_t rows, cols, col_tiles;
-  // vectorized: the inputs, the data outputs and cols allow 16-byte loads and
-  // (16 / element size)-byte stores; rows_aligned: rows and the transposed
-  // outputs allow 4-byte stores. Tiles at the edges check their bounds.
+  // Elements from one row to the next: cols, or more where the matrices are
+  // column ranges of wider ones (the gate and up halves of one projection).
+  int64_t input_strides[kInputs], output_stride;
+  // vectorized: the inputs, the data outputs, cols and the strides allow
+  // 16-byte loads and (16 / element size)-byte stores; rows_aligned: rows and
+  // the transposed outputs allow 4-byte stores. Tiles at the edges check
+  // their bounds.
   bool vectorized, rows_aligned;
 };
 
@@ -157,10 +161,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int pass = 0; pass < kPasses; ++pass) {
       const int64_t row = row0 + first_tile_row + pass * kRowsPerPass;
       if (row >= rows) break;
-      const int64_t offset = row * cols + col;
 #pragma unroll
       for (int in = 0; in < kInputs; ++in) {
         const T* input = static_cast<const T*>(args.inputs[in]);
+        const int64_t offset = row * args.input_strides[in] + col;
         if (full) {
           *reinterpret_cast<uint4*>(loaded[pass][in]) = __ldg(reinterpret_cast<const uint4*>(input + offset));
         } else {
@@ -175,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
       const int tile_row = first_tile_row + pass * kRowsPerPass;
       const int64_t row = row0 + tile_row;
       if (row >= rows) break;
-      const int64_t offset = row * cols + col;
+      const int64_t offset = row * args.output_stride + col;
       uint32_t words[kOutputs][kVector / 4];
 #pragma unroll
       for (int w = 0; w < kVector / 4; ++w) {
@@ -314,12 +318,23 @@ inline void check_scalar(const at::Tensor& tensor, const at::Tensor& like, const
               " on ", tensor.device());
 }
 
-/// Runs compute over `inputs` ([rows, cols], contiguous, one dtype of bf16,
-/// fp16 and fp32, on one CUDA device) and writes output o as the FP8 cast of
+/// Elements from one row of a 2-D matrix to the next where its columns are
+/// contiguous (cols or more: a column range of a wider matrix); -1 otherwise.
+inline int64_t row_stride(const at::Tensor& matrix) {
+  if (matrix.size(1) > 1 && matrix.stride(1) != 1) return -1;
+  if (matrix.size(0) <= 1) return matrix.size(1);
+  return matrix.stride(0) >= matrix.size(1) ? matrix.stride(0) : -1;
+}
+
+/// Runs compute over `inputs` ([rows, cols] with contiguous rows, one dtype
+/// of bf16, fp16 and fp32, on one CUDA device: contiguous matrices, or column
+/// ranges of wider ones) and writes output o as the FP8 cast of
 /// the compute's o-th values, as cast_transpose does for one input and the
 /// identity (Float8Tensor says what each member holds; undefined amax and
 /// inverse scales are allocated here, as is the scale of an output without
-/// one). The outputs share one FP8 format (their dtype), and all have a
+/// one). The outputs share one FP8 format (their dtype), one row stride of
+/// their data (which, like the inputs, may be column ranges of a wider
+/// matrix, so that two outputs can be the halves of one cast), and all have a
 /// transpose or none, a scale or none, an amax or none. Runs on the current
 /// stream of the inputs' device, without synchronising with the host. `what`
 /// starts the error messages.
@@ -331,10 +346,11 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
   TORCH_CHECK(input_dtype == at::kBFloat16 || input_dtype == at::kHalf || input_dtype == at::kFloat, what,
               "inputs must be bf16, fp16 or fp32, got ", input_dtype);
   for (const at::Tensor& input : inputs) {
-    TORCH_CHECK(input.is_cuda() && input.device() == first.device() && input.dim() == 2 && input.is_contiguous() &&
-                    input.sizes() == first.sizes() && input.scalar_type() == input_dtype,
-                what, "inputs must be contiguous 2-D ", input_dtype, " CUDA tensors of one shape and device, got ",
-                input.sizes(), " ", input.scalar_type(), " on ", input.device());
+    TORCH_CHECK(input.is_cuda() && input.device() == first.device() && input.dim() == 2 &&
+                    input.sizes() == first.sizes() && input.scalar_type() == input_dtype && row_stride(input) >= 0,
+                what, "inputs must be 2-D ", input_dtype,
+                " CUDA tensors of one shape and device with contiguous rows, got ", input.sizes(), " ",
+                input.scalar_type(), " with strides ", input.strides(), " on ", input.device());
   }
   const int64_t rows = first.size(0);
   const int64_t cols = first.size(1);
@@ -345,10 +361,14 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
   TORCH_CHECK(float8_dtype == at::kFloat8_e4m3fn || float8_dtype == at::kFloat8_e5m2, what,
               "outputs must be float8_e4m3fn or float8_e5m2, got ", float8_dtype);
   TileArgs<kInputs, kOutputs> args{};
-  for (int in = 0; in < kInputs; ++in) args.inputs[in] = inputs[in].data_ptr();
   const int64_t vector = 16 / static_cast<int64_t>(first.element_size());
   args.vectorized = cols % vector == 0;
-  for (int in = 0; in < kInputs; ++in) args.vectorized = args.vectorized && aligned(args.inputs[in], 16);
+  for (int in = 0; in < kInputs; ++in) {
+    args.inputs[in] = inputs[in].data_ptr();
+    args.input_strides[in] = row_stride(inputs[in]);
+    args.vectorized = args.vectorized && aligned(args.inputs[in], 16) && args.input_strides[in] % vector == 0;
+  }
+  args.output_stride = cols;  // where no output has data, nothing reads it
   args.rows_aligned = rows % 4 == 0;
   const auto fp32 = first.options().dtype(at::kFloat);
   // Output 0's, before the loop gives it a scale of its own.
@@ -362,9 +382,13 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
     TORCH_CHECK(out.scale.defined() || out.amax.defined(), what,
                 "without a scale, the amax of the input must be given (current scaling)");
     if (out.data.defined()) {
+      const at::Tensor& first_data = outputs[0]->data.defined() ? outputs[0]->data : out.data;
       TORCH_CHECK(out.data.device() == first.device() && out.data.scalar_type() == float8_dtype &&
-                      out.data.sizes() == first.sizes() && out.data.is_contiguous(),
-                  what, "data must be contiguous ", first.sizes(), " ", float8_dtype, " on ", first.device());
+                      out.data.sizes() == first.sizes() && row_stride(out.data) >= 0 &&
+                      row_stride(out.data) == row_stride(first_data),
+                  what, "data must be ", first.sizes(), " ", float8_dtype, " on ", first.device(),
+                  " with contiguous rows, one row stride for every output, got strides ", out.data.strides());
+      args.output_stride = row_stride(out.data);
     }
     if (out.transposed.defined()) {
       TORCH_CHECK(out.transposed.device() == first.device() && out.transposed.scalar_type() == float8_dtype &&
@@ -390,6 +414,7 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
     args.vectorized = args.vectorized && aligned(tile_output.data, vector);
     args.rows_aligned = args.rows_aligned && aligned(tile_output.transposed, 4);
   }
+  args.vectorized = args.vectorized && args.output_stride % vector == 0;
   args.largest = static_cast<float>(float8_largest(float8_dtype));
   args.rows = rows;
   args.cols = cols;

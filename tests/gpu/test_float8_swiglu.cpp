@@ -79,8 +79,28 @@ TEST(Float8Swiglu, KernelsWriteTheCastOfTheFp32Swiglu) {
     auto grad_gate = destination(rows, cols, torch::kFloat8_e5m2, 3.0e5f);
     auto grad_up = destination(rows, cols, torch::kFloat8_e5m2, 1.5e5f);
     ddp::detail::swiglu_gradients_to_float8(grad_y, gate, up, grad_gate, grad_up);
-    expect_cast_of(grad_gate, dy * u * sigmoid * (1 + g * (1 - sigmoid)), at + " gradient of gate");
-    expect_cast_of(grad_up, dy * g * sigmoid, at + " gradient of up");
+    const auto grad_gate32 = dy * u * sigmoid * (1 + g * (1 - sigmoid)), grad_up32 = dy * g * sigmoid;
+    expect_cast_of(grad_gate, grad_gate32, at + " gradient of gate");
+    expect_cast_of(grad_up, grad_up32, at + " gradient of up");
+
+    // gate and up as the halves of one projection's output, and their
+    // gradients as the halves of one cast (one scale and amax): row strides
+    // of 2 cols, and for odd cols an up half off the 16-byte alignment.
+    const auto gate_up = torch::cat({gate, up}, 1);
+    auto y_of_halves = destination(rows, cols, torch::kFloat8_e4m3fn, 37.5f);
+    ddp::detail::swiglu_to_float8(gate_up.narrow(1, 0, cols), gate_up.narrow(1, cols, cols), y_of_halves);
+    expect_cast_of(y_of_halves, g * sigmoid * u, at + " forward of halves");
+    auto grad_both = destination(rows, 2 * cols, torch::kFloat8_e5m2, 3.0e5f);
+    ddp::Float8Tensor halves[2];
+    for (const int half : {0, 1}) {
+      halves[half] = grad_both;
+      halves[half].data = grad_both.data.narrow(1, half * cols, cols);
+      halves[half].transposed = grad_both.transposed.narrow(0, half * cols, cols);
+    }
+    ddp::detail::swiglu_gradients_to_float8(grad_y, gate_up.narrow(1, 0, cols), gate_up.narrow(1, cols, cols),
+                                            halves[0], halves[1]);
+    grad_both.inverse_scale = halves[0].inverse_scale;
+    expect_cast_of(grad_both, torch::cat({grad_gate32, grad_up32}, 1), at + " gradients as halves of one cast");
   }
 }
 
@@ -140,6 +160,46 @@ TEST(Float8Swiglu, SwigluLinearMatchesTheLayersOwnCasts) {
   }
 }
 
+/// The same with gate and up from one layer (w13): swiglu_linear(gate_up,
+/// ...) against w2 on the ATen SwiGLU of its halves, the layers casting
+/// themselves; the w13 layer takes one cast of its whole output gradient.
+TEST(Float8Swiglu, SwigluLinearOfOneGateUpLayerMatchesTheLayersOwnCasts) {
+  torch::manual_seed(16);
+  ddp::Float8Linear w13[2] = {delayed_layer(256, 2 * 704), delayed_layer(256, 2 * 704)};
+  ddp::Float8Linear w2[2] = {delayed_layer(704, 256), delayed_layer(704, 256)};
+  {
+    torch::NoGradGuard no_grad;
+    w13[1]->weight.copy_(w13[0]->weight);
+    w2[1]->weight.copy_(w2[0]->weight);
+  }
+  const auto bf16 = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = "step " + std::to_string(step);
+    const auto x = torch::randn({4, 64, 256}, bf16);
+    const auto grad_output = 1e-2 * torch::randn({4, 64, 256}, bf16);
+    torch::Tensor outputs[2], grads[2];
+    int64_t gate_up_grad_stride[2] = {-1, -1};
+    for (const int fused : {0, 1}) {
+      const auto input = x.clone().requires_grad_();
+      const auto gate_up = w13[fused](input);
+      gate_up.register_hook([&, fused](const torch::Tensor& grad) { gate_up_grad_stride[fused] = grad.stride(0); });
+      outputs[fused] = fused ? ddp::float8::swiglu_linear(gate_up, *w2[1], *w13[1])
+                             : w2[0](torch::silu(gate_up.narrow(-1, 0, 704)) * gate_up.narrow(-1, 704, 704));
+      outputs[fused].backward(grad_output);
+      grads[fused] = input.grad();
+    }
+    EXPECT_EQ(gate_up_grad_stride[1], 0) << at << ": the gate/up layer got a placeholder gradient";
+    EXPECT_GT(gate_up_grad_stride[0], 0) << at;
+    EXPECT_LT(relative_error(outputs[1], outputs[0]), 5e-2) << at;
+    EXPECT_LT(relative_error(grads[1], grads[0]), 5e-2) << at;
+    for (auto* pair : {&w13, &w2}) {
+      EXPECT_LT(relative_error((*pair)[1]->weight.grad(), (*pair)[0]->weight.grad()), 5e-2) << at;
+      (*pair)[0]->zero_grad();
+      (*pair)[1]->zero_grad();
+    }
+  }
+}
+
 /// Where the layers cannot take fused casts (FP8 off, or current scaling),
 /// swiglu_linear is down(swiglu(gate, up)) with the caller's SwiGLU, exactly.
 TEST(Float8Swiglu, SwigluLinearFallsBackToTheGivenSwiglu) {
@@ -160,6 +220,15 @@ TEST(Float8Swiglu, SwigluLinearFallsBackToTheGivenSwiglu) {
     const auto output = ddp::float8::swiglu_linear(gate, up, *w2, *w1, *w3, product);
     EXPECT_EQ(calls, 1) << (float8 ? "current scaling" : "FP8 off");
     EXPECT_TRUE(torch::equal(output, w2(gate * up))) << (float8 ? "current scaling" : "FP8 off");
+    const auto gate_up = torch::cat({gate, up}, -1);
+    const auto halves_product = [&](const torch::Tensor& both) {
+      ++calls;
+      return both.narrow(-1, 0, 96) * both.narrow(-1, 96, 96);
+    };
+    const auto output_of_halves = ddp::float8::swiglu_linear(gate_up, *w2, *w1, halves_product);
+    EXPECT_EQ(calls, 2) << (float8 ? "current scaling, halves" : "FP8 off, halves");
+    EXPECT_TRUE(torch::equal(output_of_halves, w2(gate * up)))
+        << (float8 ? "current scaling, halves" : "FP8 off, halves");
   }
 }
 
