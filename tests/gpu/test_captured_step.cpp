@@ -15,6 +15,7 @@
 
 #include "support/captured_scenarios.h"
 #include "support/multiprocess.h"
+#include "support/float8_gpu.h"
 
 namespace {
 
@@ -71,6 +72,7 @@ TEST(CapturedStep, NoSyncMicroBatchesAreRecordedInOneGraph) {
 }
 
 TEST(CapturedStep, Float8DelayedScalingInsideTheGraph) {
+  DDP_SKIP_WITHOUT_FLOAT8();
   expect_captured_matches_eager(CapturedScenario().float8(true), "fp8 delayed scaling");
 }
 

@@ -22,6 +22,7 @@
 #include "support/sharding_scenarios.h"
 #include "support/multiprocess.h"
 #include "support/nccl_collective_log.h"
+#include "support/float8_gpu.h"
 
 namespace {
 
@@ -258,6 +259,7 @@ TEST(DdpNccl, MisuseIsReported) {
 // amax of any rank, and then casts alike: the same input gives the same
 // output on both ranks although each rank saw different values before.
 TEST(DdpNccl, Float8AmaxesAgreeAcrossRanks) {
+  DDP_SKIP_WITHOUT_FLOAT8();
   expect_all_succeeded(run_ranks(2, [](int rank) {
     auto pg = init_nccl();
     torch::manual_seed(0);  // the same weights on both ranks
@@ -426,6 +428,7 @@ TEST(DdpNccl, RecordingTheBucketRebuildIsAUsageError) {
 }
 
 TEST(DdpNccl, CapturedStepWithFloat8DelayedScalingMatchesEager) {
+  DDP_SKIP_WITHOUT_FLOAT8();
   expect_captured_matches_eager_on_two_gpus(ddp::testing::CapturedScenario().float8(true), "fp8 delayed scaling");
 }
 

@@ -10,6 +10,7 @@
 #include <ddp/ddp.h>
 
 #include "support/relative_error.h"
+#include "support/float8_gpu.h"
 
 namespace {
 
@@ -37,6 +38,7 @@ TEST(Tf32, ChangesALargeMatmulByTheExpectedError) {
 /// against fp64 below 5e-2 for the output and 1e-1 for the gradients, E5M2
 /// having one mantissa bit less than E4M3.
 TEST(Float8Linear, ForwardAndBackwardStayNearFp64) {
+  DDP_SKIP_WITHOUT_FLOAT8();
   for (const auto scaling : {ddp::Float8Scaling::kCurrent, ddp::Float8Scaling::kDelayed}) {
     torch::manual_seed(1);
     ddp::Float8Linear layer(torch::nn::LinearOptions(1024, 2048), ddp::Float8Options().scaling(scaling));
@@ -179,6 +181,7 @@ double train_and_evaluate(const std::string& precision) {
 }
 
 TEST(Float8Training, SmallModelReachesTheBf16Loss) {
+  DDP_SKIP_WITHOUT_FLOAT8();
   const double bf16 = train_and_evaluate("bf16");
   const double fp8 = train_and_evaluate("fp8");
   std::printf("held-out loss after 300 steps: bf16 %.4f, fp8 %.4f (%+.2f%%); untrained %.4f\n", bf16, fp8,

@@ -15,6 +15,7 @@
 #include "support/multiprocess.h"
 #include "support/remove_tree.h"
 #include "support/sharding_scenarios.h"
+#include "support/float8_gpu.h"
 
 namespace {
 
@@ -64,6 +65,7 @@ TEST(ShardingCuda, OptimizerStateCheckpointResumesInAnotherMode) {
 // of the model's checkpoint in every mode and format: a resumed FP8 run casts
 // with the scales it had, not with a fresh layer's, and continues bit for bit.
 TEST(ShardingCuda, Float8DelayedScalingSurvivesEveryCheckpointFormat) {
+  DDP_SKIP_WITHOUT_FLOAT8();
   expect_all_succeeded(run_ranks(1, [](int) {
     auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kNccl).timeout(std::chrono::seconds(60)));
     const auto recipe = ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4);

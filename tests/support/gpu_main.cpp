@@ -1,11 +1,14 @@
-// main() of the GPU test binaries: with fewer than DDP_TEST_GPUS_NEEDED GPUs
-// they exit with 77, which ctest reports as skipped rather than passed.
+// main() of the GPU test binaries: with fewer than DDP_TEST_GPUS_NEEDED GPUs,
+// or where DDP_TEST_NEEDS_FLOAT8 without FP8 matmuls on the GPU, they exit
+// with 77, which ctest reports as skipped rather than passed.
 
 #include <cstdio>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+
+#include "support/float8_gpu.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
@@ -16,5 +19,13 @@ int main(int argc, char** argv) {
                 static_cast<int>(torch::cuda::device_count()));
     return 77;
   }
+#if DDP_TEST_NEEDS_FLOAT8
+  if (!listing && !rank_process) {
+    if (const std::string why = ddp::testing::float8_unsupported_reason(); !why.empty()) {
+      std::printf("SKIPPED: these tests need FP8 matmuls: %s\n", why.c_str());
+      return 77;
+    }
+  }
+#endif
   return RUN_ALL_TESTS();
 }
