@@ -42,4 +42,9 @@ class DDP_API CollectiveError : public Error {
   int rank_;
 };
 
+/// The first line of an exception's message, for one-line error reports:
+/// LibTorch's errors (c10::Error) carry a backtrace after it, Gloo's their
+/// context.
+DDP_API std::string first_line_of(const std::exception& error);
+
 }  // namespace ddp

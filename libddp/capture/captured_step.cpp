@@ -36,14 +36,6 @@ std::string describe(const at::Tensor& tensor) {
                      tensor.device().str());
 }
 
-#ifdef DDP_WITH_CUDA
-/// The first line of an exception's message (LibTorch's carry a stack trace).
-std::string first_line(const std::exception& error) {
-  const std::string what = error.what();
-  return what.substr(0, what.find('\n'));
-}
-#endif
-
 }  // namespace
 
 struct CapturedStep::Impl {
@@ -131,7 +123,7 @@ struct CapturedStep::Impl {
             "ddp::CapturedStep: the step could not be recorded into a CUDA graph: {}. A recorded step must not "
             "wait for the GPU on the host: no .item() or copy to the CPU, no find_unused_parameters without "
             "static_graph; run such steps eagerly",
-            first_line(error)));
+            first_line_of(error)));
       }
       graph->capture_end();
     }

@@ -79,11 +79,10 @@ void load(torch::serialize::InputArchive& archive, const std::string& path) {
   try {
     archive.load_from(path);
   } catch (const std::exception& e) {
-    std::string reason = e.what();
-    reason = reason.substr(0, reason.find('\n'));
-    throw UsageError(fmt::format("checkpoint '{}' cannot be read: it is truncated, corrupt or not a libddp "
-                                 "checkpoint ({})",
-                                 path, reason));
+    throw UsageError(
+        fmt::format("checkpoint '{}' cannot be read: it is truncated, corrupt or not a libddp "
+                    "checkpoint ({})",
+                    path, first_line_of(e)));
   }
 }
 

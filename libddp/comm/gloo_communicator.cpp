@@ -42,12 +42,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::kMax ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
 }
 
-/// A LibTorch or Gloo error's first line, without the backtrace after it.
-std::string first_line(const std::exception& e) {
-  const std::string what = e.what();
-  return what.substr(0, what.find('\n'));
-}
-
 /// Gloo ops run on the CPU. Without GLOO_SOCKET_IFNAME, c10d picks the
 /// interface that the host name resolves to and falls back to loopback.
 std::shared_ptr<::gloo::transport::Device> make_device(int rank) {
@@ -58,7 +52,7 @@ std::shared_ptr<::gloo::transport::Device> make_device(int rank) {
       throw UsageError(
           fmt::format("rank {}: GLOO_SOCKET_IFNAME={} names no network interface Gloo can use on this "
                       "host ({}); give one that `ip addr` lists, or unset it",
-                      rank, interface, first_line(e)));
+                      rank, interface, first_line_of(e)));
     }
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
@@ -78,7 +72,7 @@ class GlooCommunicator final : public CommunicatorBase {
       throw Error(
           fmt::format("libddp: rank {} of {} could not connect the Gloo communicator to the other ranks "
                       "within {} ms (one that failed or never started is the usual cause): {}",
-                      setup.rank, setup.world_size, setup.timeout.count(), first_line(e)));
+                      setup.rank, setup.world_size, setup.timeout.count(), first_line_of(e)));
     }
     start_watchdog();
   }

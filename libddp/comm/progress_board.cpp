@@ -13,6 +13,8 @@
 #include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <ddp/errors.h>
+
 namespace ddp::detail {
 namespace {
 
@@ -83,12 +85,10 @@ std::string ProgressBoard::describe_peers(std::uint64_t sequence, const std::str
     }
     records = future.get();
   } catch (const std::exception& e) {
-    std::string reason = e.what();
-    reason = reason.substr(0, reason.find('\n'));
     return fmt::format(
         "\n  the rendezvous store, which rank 0 serves at MASTER_ADDR:MASTER_PORT, did not answer: rank 0 is "
         "stopped, hung or has exited, and is the suspect ({})",
-        reason);
+        first_line_of(e));
   }
   std::string lines;
   std::vector<int> behind;

@@ -30,8 +30,8 @@ std::string read_string(c10d::Store& store, const std::string& key) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::milliseconds timeout) {
-  const auto fail = [&](std::string what) {
-    what = what.substr(0, what.find('\n'));  // LibTorch's reason, without its backtrace
+  // `what`: LibTorch's reason, its first line (first_line_of), without the backtrace.
+  const auto fail = [&](const std::string& what) {
     return Error(fmt::format(
         "libddp: rank {} could not meet the other ranks through the store at MASTER_ADDR:MASTER_PORT = {}:{} "
         "within {} ms: {}\nRank 0 serves this store: check that all {} ranks started with the same MASTER_ADDR "
@@ -72,7 +72,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
   } catch (const UsageError& e) {
     throw UsageError(fmt::format("rank {}: {}", env.rank, e.what()));
   } catch (const std::exception& e) {
-    throw fail(e.what());
+    throw fail(first_line_of(e));
   }
 
   const std::string world_key = "ddp/rendezvous/world_size";
@@ -102,8 +102,8 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
       joined = store->add(count_key, 0);
     } catch (...) {
     }
-    throw fail(joined >= 0 ? fmt::format("only {} of {} ranks arrived ({})", joined, env.world_size, e.what())
-                           : std::string(e.what()));
+    throw fail(joined >= 0 ? fmt::format("only {} of {} ranks arrived ({})", joined, env.world_size, first_line_of(e))
+                           : first_line_of(e));
   }
   return store;
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <c10/util/Exception.h>
 
 #include <ddp/environment.h>
 #include <ddp/errors.h>
@@ -34,6 +35,18 @@ std::string error_for(const Vars& vars) {
   }
   ADD_FAILURE() << "expected a UsageError";
   return {};
+}
+
+// libddp's one-line error messages quote a LibTorch reason without the
+// backtrace c10::Error carries after it.
+TEST(Errors, FirstLineOfKeepsOnlyTheReason) {
+  EXPECT_EQ(ddp::first_line_of(std::runtime_error("the reason\nthe context")), "the reason");
+  EXPECT_EQ(ddp::first_line_of(std::runtime_error("one line")), "one line");
+  try {
+    TORCH_CHECK(false, "LibTorch's reason");
+  } catch (const c10::Error& e) {
+    EXPECT_EQ(ddp::first_line_of(e), "LibTorch's reason") << e.what();
+  }
 }
 
 TEST(Environment, ReadsEveryVariable) {
