@@ -1,10 +1,13 @@
 // SwiGLU written straight into FP8 (float8/swiglu.cu) and the public
 // operation over it, ddp::float8::swiglu_linear.
 
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -111,21 +114,21 @@ ddp::Float8Linear delayed_layer(int64_t in, int64_t out) {
   return layer;
 }
 
-/// The feed-forward with FP8 delayed scaling: swiglu_linear (FP8 written by
-/// SwiGLU, forward and backward) against the same layers casting a bf16
-/// SwiGLU themselves, over a few steps: the two differ only where rounding
-/// to bf16 first moves a value across an FP8 rounding boundary. The gradient
-/// reaching the gate layer is the placeholder, so backward really was fused.
-TEST(Float8Swiglu, SwigluLinearMatchesTheLayersOwnCasts) {
-  torch::manual_seed(14);
-  ddp::Float8Linear w1[2] = {delayed_layer(256, 704), delayed_layer(256, 704)};
-  ddp::Float8Linear w3[2] = {delayed_layer(256, 704), delayed_layer(256, 704)};
-  ddp::Float8Linear w2[2] = {delayed_layer(704, 256), delayed_layer(704, 256)};
+/// Three steps of a feed-forward with FP8 delayed scaling, computed two ways
+/// from the same weights (`pairs`: each layer twice; the second copy takes
+/// the first's weight): forward(input, 0) with the layers casting an ATen
+/// SwiGLU themselves, forward(input, 1) through swiglu_linear (FP8 written by
+/// SwiGLU, forward and backward), each returning {the output of the layer
+/// before SwiGLU, the feed-forward's output}. The two differ only where
+/// rounding to bf16 first moves a value across an FP8 rounding boundary. The
+/// gradient reaching that first layer on the fused side is the placeholder,
+/// so backward really was fused.
+void expect_fused_feed_forward_matches(
+    std::vector<std::array<ddp::Float8Linear, 2>> pairs,
+    const std::function<std::pair<torch::Tensor, torch::Tensor>(const torch::Tensor& input, int fused)>& forward) {
   {
     torch::NoGradGuard no_grad;
-    w1[1]->weight.copy_(w1[0]->weight);
-    w3[1]->weight.copy_(w3[0]->weight);
-    w2[1]->weight.copy_(w2[0]->weight);
+    for (auto& pair : pairs) pair[1]->weight.copy_(pair[0]->weight);
   }
   const auto bf16 = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
   for (int step = 0; step < 3; ++step) {
@@ -133,71 +136,55 @@ TEST(Float8Swiglu, SwigluLinearMatchesTheLayersOwnCasts) {
     const auto x = torch::randn({4, 64, 256}, bf16);
     const auto grad_output = 1e-2 * torch::randn({4, 64, 256}, bf16);
     torch::Tensor outputs[2], grads[2];
-    int64_t gate_grad_stride[2] = {-1, -1};
+    int64_t first_grad_stride[2] = {-1, -1};
     for (const int fused : {0, 1}) {
       const auto input = x.clone().requires_grad_();
-      const auto gate = w1[fused](input);
-      gate.register_hook([&, fused](const torch::Tensor& grad) { gate_grad_stride[fused] = grad.stride(0); });
-      const auto up = w3[fused](input);
-      outputs[fused] =
-          fused ? ddp::float8::swiglu_linear(gate, up, *w2[1], *w1[1], *w3[1]) : w2[0](torch::silu(gate) * up);
+      const auto [first, output] = forward(input, fused);
+      first.register_hook([&, fused](const torch::Tensor& grad) { first_grad_stride[fused] = grad.stride(0); });
+      outputs[fused] = output;
       outputs[fused].backward(grad_output);
       grads[fused] = input.grad();
     }
-    EXPECT_EQ(gate_grad_stride[1], 0) << at << ": the gate layer got a placeholder gradient";
-    EXPECT_GT(gate_grad_stride[0], 0) << at;
+    EXPECT_EQ(first_grad_stride[1], 0) << at << ": the layer before SwiGLU got a placeholder gradient";
+    EXPECT_GT(first_grad_stride[0], 0) << at;
     const double output_error = relative_error(outputs[1], outputs[0]);
     const double grad_error = relative_error(grads[1], grads[0]);
     std::printf("swiglu_linear fp8 %s: output relative error %.3g, input gradient %.3g\n", at.c_str(), output_error,
                 grad_error);
     EXPECT_LT(output_error, 5e-2) << at;
     EXPECT_LT(grad_error, 5e-2) << at;
-    for (auto* pair : {&w1, &w2, &w3}) {
-      EXPECT_LT(relative_error((*pair)[1]->weight.grad(), (*pair)[0]->weight.grad()), 5e-2) << at;
-      (*pair)[0]->zero_grad();
-      (*pair)[1]->zero_grad();
+    for (auto& pair : pairs) {
+      EXPECT_LT(relative_error(pair[1]->weight.grad(), pair[0]->weight.grad()), 5e-2) << at;
+      pair[0]->zero_grad();
+      pair[1]->zero_grad();
     }
   }
 }
 
-/// The same with gate and up from one layer (w13): swiglu_linear(gate_up,
-/// ...) against w2 on the ATen SwiGLU of its halves, the layers casting
-/// themselves; the w13 layer takes one cast of its whole output gradient.
+TEST(Float8Swiglu, SwigluLinearMatchesTheLayersOwnCasts) {
+  torch::manual_seed(14);
+  std::array<ddp::Float8Linear, 2> w1 = {delayed_layer(256, 704), delayed_layer(256, 704)};
+  std::array<ddp::Float8Linear, 2> w3 = {delayed_layer(256, 704), delayed_layer(256, 704)};
+  std::array<ddp::Float8Linear, 2> w2 = {delayed_layer(704, 256), delayed_layer(704, 256)};
+  expect_fused_feed_forward_matches({w1, w2, w3}, [&](const torch::Tensor& input, int fused) {
+    const auto gate = w1[fused](input);
+    const auto up = w3[fused](input);
+    return std::pair{
+        gate, fused ? ddp::float8::swiglu_linear(gate, up, *w2[1], *w1[1], *w3[1]) : w2[0](torch::silu(gate) * up)};
+  });
+}
+
+/// The same with gate and up from one layer (w13), which takes one cast of
+/// its whole output gradient.
 TEST(Float8Swiglu, SwigluLinearOfOneGateUpLayerMatchesTheLayersOwnCasts) {
   torch::manual_seed(16);
-  ddp::Float8Linear w13[2] = {delayed_layer(256, 2 * 704), delayed_layer(256, 2 * 704)};
-  ddp::Float8Linear w2[2] = {delayed_layer(704, 256), delayed_layer(704, 256)};
-  {
-    torch::NoGradGuard no_grad;
-    w13[1]->weight.copy_(w13[0]->weight);
-    w2[1]->weight.copy_(w2[0]->weight);
-  }
-  const auto bf16 = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
-  for (int step = 0; step < 3; ++step) {
-    const std::string at = "step " + std::to_string(step);
-    const auto x = torch::randn({4, 64, 256}, bf16);
-    const auto grad_output = 1e-2 * torch::randn({4, 64, 256}, bf16);
-    torch::Tensor outputs[2], grads[2];
-    int64_t gate_up_grad_stride[2] = {-1, -1};
-    for (const int fused : {0, 1}) {
-      const auto input = x.clone().requires_grad_();
-      const auto gate_up = w13[fused](input);
-      gate_up.register_hook([&, fused](const torch::Tensor& grad) { gate_up_grad_stride[fused] = grad.stride(0); });
-      outputs[fused] = fused ? ddp::float8::swiglu_linear(gate_up, *w2[1], *w13[1])
-                             : w2[0](torch::silu(gate_up.narrow(-1, 0, 704)) * gate_up.narrow(-1, 704, 704));
-      outputs[fused].backward(grad_output);
-      grads[fused] = input.grad();
-    }
-    EXPECT_EQ(gate_up_grad_stride[1], 0) << at << ": the gate/up layer got a placeholder gradient";
-    EXPECT_GT(gate_up_grad_stride[0], 0) << at;
-    EXPECT_LT(relative_error(outputs[1], outputs[0]), 5e-2) << at;
-    EXPECT_LT(relative_error(grads[1], grads[0]), 5e-2) << at;
-    for (auto* pair : {&w13, &w2}) {
-      EXPECT_LT(relative_error((*pair)[1]->weight.grad(), (*pair)[0]->weight.grad()), 5e-2) << at;
-      (*pair)[0]->zero_grad();
-      (*pair)[1]->zero_grad();
-    }
-  }
+  std::array<ddp::Float8Linear, 2> w13 = {delayed_layer(256, 2 * 704), delayed_layer(256, 2 * 704)};
+  std::array<ddp::Float8Linear, 2> w2 = {delayed_layer(704, 256), delayed_layer(704, 256)};
+  expect_fused_feed_forward_matches({w13, w2}, [&](const torch::Tensor& input, int fused) {
+    const auto gate_up = w13[fused](input);
+    return std::pair{gate_up, fused ? ddp::float8::swiglu_linear(gate_up, *w2[1], *w13[1])
+                                    : w2[0](torch::silu(gate_up.narrow(-1, 0, 704)) * gate_up.narrow(-1, 704, 704))};
+  });
 }
 
 /// Where the layers cannot take fused casts (FP8 off, or current scaling),
