@@ -212,7 +212,7 @@ DDP_API at::Tensor swiglu_linear(
 /// The same where one layer computes gate and up (LLaMA's w1 and w3 as one
 /// projection, Transformer Engine's fc1 of a gated activation): gate_up
 /// [..., 2 * hidden] holds gate in its first half and up in its second, and
-/// in FP8 backward writes the gradient of gate_layer's output as one cast
+/// in FP8 backward writes the gradient of gate_up_layer's output as one cast
 /// (one scale for both halves). Elsewhere down(swiglu(gate_up)), or
 /// silu(gate) * up in ATen ops when `swiglu` is null.
 DDP_API at::Tensor swiglu_linear(const at::Tensor& gate_up, Float8LinearImpl& down, Float8LinearImpl& gate_up_layer,

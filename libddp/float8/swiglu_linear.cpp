@@ -12,7 +12,11 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <ddp/errors.h>
 
 #include "float8/kernels.h"
 #include "float8/linear_state.h"
@@ -167,8 +171,12 @@ at::Tensor float8::swiglu_linear(const at::Tensor& gate, const at::Tensor& up, F
 at::Tensor float8::swiglu_linear(const at::Tensor& gate_up, Float8LinearImpl& down,
                                  [[maybe_unused]] Float8LinearImpl& gate_up_layer,
                                  const std::function<at::Tensor(const at::Tensor&)>& swiglu) {
-  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0,
-              "ddp::float8::swiglu_linear: gate_up [..., 2 * hidden] (gate, then up) expected, got ", gate_up.sizes());
+  if (gate_up.dim() < 1 || gate_up.size(-1) % 2 != 0) {
+    throw UsageError(fmt::format(
+        "ddp::float8::swiglu_linear: gate_up must be [..., 2 * hidden], gate in its first half and up in its second; "
+        "got [{}]",
+        fmt::join(gate_up.sizes(), ", ")));
+  }
 #ifdef DDP_WITH_CUDA_KERNELS
   const int64_t hidden = gate_up.size(-1) / 2;
   if (hidden > 0 && detail::fits_swiglu_kernel(gate_up.narrow(-1, 0, hidden), gate_up.narrow(-1, hidden, hidden))) {

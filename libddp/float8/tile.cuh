@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -368,11 +369,17 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
     args.input_strides[in] = row_stride(inputs[in]);
     args.vectorized = args.vectorized && aligned(args.inputs[in], 16) && args.input_strides[in] % vector == 0;
   }
-  args.output_stride = cols;  // where no output has data, nothing reads it
   args.rows_aligned = rows % 4 == 0;
   const auto fp32 = first.options().dtype(at::kFloat);
   // Output 0's, before the loop gives it a scale of its own.
   const bool with_scale = outputs[0]->scale.defined();
+  // The outputs' data share one row stride: the first output with data sets it.
+  const Float8Tensor* const* first_with_data =
+      std::find_if(std::begin(outputs), std::end(outputs), [](const Float8Tensor* out) { return out->data.defined(); });
+  const int64_t data_stride = first_with_data == std::end(outputs)  ? cols
+                              : (*first_with_data)->data.dim() == 2 ? row_stride((*first_with_data)->data)
+                                                                    : -1;  // refused below
+  args.output_stride = data_stride;
   for (int o = 0; o < kOutputs; ++o) {
     Float8Tensor& out = *outputs[o];
     TORCH_CHECK(out.data.defined() || out.transposed.defined(), what, "data, transposed or both must be given");
@@ -382,13 +389,11 @@ void launch_float8_tiles(const char* what, const at::Tensor (&inputs)[kInputs],
     TORCH_CHECK(out.scale.defined() || out.amax.defined(), what,
                 "without a scale, the amax of the input must be given (current scaling)");
     if (out.data.defined()) {
-      const at::Tensor& first_data = outputs[0]->data.defined() ? outputs[0]->data : out.data;
       TORCH_CHECK(out.data.device() == first.device() && out.data.scalar_type() == float8_dtype &&
                       out.data.sizes() == first.sizes() && row_stride(out.data) >= 0 &&
-                      row_stride(out.data) == row_stride(first_data),
+                      row_stride(out.data) == data_stride,
                   what, "data must be ", first.sizes(), " ", float8_dtype, " on ", first.device(),
                   " with contiguous rows, one row stride for every output, got strides ", out.data.strides());
-      args.output_stride = row_stride(out.data);
     }
     if (out.transposed.defined()) {
       TORCH_CHECK(out.transposed.device() == first.device() && out.transposed.scalar_type() == float8_dtype &&

@@ -88,7 +88,7 @@ TEST(Float8Swiglu, KernelsWriteTheCastOfTheFp32Swiglu) {
 
     // gate and up as the halves of one projection's output, and their
     // gradients as the halves of one cast (one scale and amax): row strides
-    // of 2 cols, and for odd cols an up half off the 16-byte alignment.
+    // of 2 cols (odd cols take the kernel's unvectorized path).
     const auto gate_up = torch::cat({gate, up}, 1);
     auto y_of_halves = destination(rows, cols, torch::kFloat8_e4m3fn, 37.5f);
     ddp::detail::swiglu_to_float8(gate_up.narrow(1, 0, cols), gate_up.narrow(1, cols, cols), y_of_halves);

@@ -26,6 +26,8 @@ inline std::string float8_unsupported_reason() {
 
 /// First statement of a test that needs FP8 matmuls on GPU 0.
 #define DDP_SKIP_WITHOUT_FLOAT8()                                                          \
-  if (const std::string why = ddp::testing::float8_unsupported_reason(); !why.empty()) { \
-    GTEST_SKIP() << why;                                                                  \
-  }
+  do {                                                                                     \
+    if (const std::string why = ddp::testing::float8_unsupported_reason(); !why.empty()) { \
+      GTEST_SKIP() << why;                                                                 \
+    }                                                                                      \
+  } while (false)
