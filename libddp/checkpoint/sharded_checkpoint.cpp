@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
@@ -171,6 +172,20 @@ c10::IValue read(torch::serialize::InputArchive& archive, const std::string& pat
   return value;
 }
 
+/// Calls `visit(k, name, entry)` for each entry "<prefix><k>" of a manifest
+/// list whose length is stored under `count_key`.
+void for_each_entry(
+    torch::serialize::InputArchive& list, const std::string& path, const std::string& count_key,
+    const std::string& prefix,
+    const std::function<void(std::int64_t, const std::string&, torch::serialize::InputArchive&)>& visit) {
+  const std::int64_t count = read(list, path, count_key).toInt();
+  for (std::int64_t k = 0; k < count; ++k) {
+    torch::serialize::InputArchive entry;
+    list.read(prefix + std::to_string(k), entry);
+    visit(k, read(entry, path, "name").toStringRef(), entry);
+  }
+}
+
 /// Removes the files of earlier checkpoints in `directory` (and what an
 /// interrupted save left of them), once `id`'s manifest is committed.
 void remove_stale_files(const std::string& directory, const std::string& id) {
@@ -211,23 +226,19 @@ void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::I
   for (const auto& item : model.module.named_modules()) {
     if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
   }
-  const std::string manifest_path = path_in(directory, kManifest);
-  const std::int64_t count = read(layers, manifest_path, "count").toInt();
-  for (std::int64_t k = 0; k < count; ++k) {
-    torch::serialize::InputArchive entry;
-    layers.read(fmt::format("l{}", k), entry);
-    const std::string name = read(entry, manifest_path, "name").toStringRef();
-    auto it = layers_here.find(name);
-    if (it == layers_here.end()) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds the FP8 scaling state of a Float8Linear '{}' that this model "
-                      "does not have; it belongs to another model",
-                      directory, name));
-    }
-    torch::serialize::InputArchive scaling;
-    entry.read("state", scaling);
-    Float8LinearAccess::load_scaling(*it->second, name, scaling);
-  }
+  for_each_entry(layers, path_in(directory, kManifest), "count", "l",
+                 [&](std::int64_t, const std::string& name, torch::serialize::InputArchive& entry) {
+                   auto it = layers_here.find(name);
+                   if (it == layers_here.end()) {
+                     throw UsageError(fmt::format(
+                         "sharded checkpoint '{}' holds the FP8 scaling state of a Float8Linear '{}' that this model "
+                         "does not have; it belongs to another model",
+                         directory, name));
+                   }
+                   torch::serialize::InputArchive scaling;
+                   entry.read("state", scaling);
+                   Float8LinearAccess::load_scaling(*it->second, name, scaling);
+                 });
 }
 
 void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimizer, const std::string& directory,
@@ -253,38 +264,37 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   std::map<std::string, std::size_t> index_of;
   for (std::size_t i = 0; i < model.names.size(); ++i) index_of[model.names[i]] = i;
   std::vector<std::optional<SavedParameter>> saved(model.trained.size());
-  const std::int64_t count = read(manifest, manifest_path, "parameters").toInt();
-  for (std::int64_t k = 0; k < count; ++k) {
-    torch::serialize::InputArchive entry;
-    manifest.read(fmt::format("p{}", k), entry);
-    const std::string name = read(entry, manifest_path, "name").toStringRef();
-    auto it = index_of.find(name);
-    if (it == index_of.end()) {
-      throw UsageError(fmt::format(
-          "sharded checkpoint '{}' holds a parameter '{}' that this model does not train; it belongs to another model",
-          directory, name));
-    }
-    const at::Tensor& parameter = model.trained[it->second];
-    const std::vector<std::int64_t> sizes = read(entry, manifest_path, "sizes").toIntVector();
-    if (c10::IntArrayRef(sizes) != parameter.sizes()) {
-      throw UsageError(fmt::format(
-          "sharded checkpoint '{}' holds '{}' of shape [{}], the model's is [{}]; it belongs to another model",
-          directory, name, fmt::join(sizes, ", "), fmt::join(parameter.sizes(), ", ")));
-    }
-    require_same_dtype(directory, name, read(entry, manifest_path, "dtype").toStringRef(),
-                       c10::toString(trained_dtype(model, it->second)));
-    const std::vector<std::int64_t> strides = read(entry, manifest_path, "strides").toIntVector();
-    if (!same_strides_where_addressed(parameter.sizes(), strides, flat_layout_strides(parameter))) {
-      throw UsageError(
-          fmt::format("sharded checkpoint '{}' holds '{}' with strides [{}], the model's are [{}]; give the model the "
-                      "saved memory format (channels_last or not) before loading",
-                      directory, name, fmt::join(strides, ", "), fmt::join(parameter.strides(), ", ")));
-    }
-    saved[it->second] = SavedParameter{k, read(entry, manifest_path, "step").toInt(),
-                                       read(entry, manifest_path, "piece_ranks").toIntVector(),
-                                       read(entry, manifest_path, "piece_begins").toIntVector(),
-                                       read(entry, manifest_path, "piece_lengths").toIntVector()};
-  }
+  for_each_entry(
+      manifest, manifest_path, "parameters", "p",
+      [&](std::int64_t k, const std::string& name, torch::serialize::InputArchive& entry) {
+        auto it = index_of.find(name);
+        if (it == index_of.end()) {
+          throw UsageError(
+              fmt::format("sharded checkpoint '{}' holds a parameter '{}' that this model does not train; it belongs "
+                          "to another model",
+                          directory, name));
+        }
+        const at::Tensor& parameter = model.trained[it->second];
+        const std::vector<std::int64_t> sizes = read(entry, manifest_path, "sizes").toIntVector();
+        if (c10::IntArrayRef(sizes) != parameter.sizes()) {
+          throw UsageError(fmt::format(
+              "sharded checkpoint '{}' holds '{}' of shape [{}], the model's is [{}]; it belongs to another model",
+              directory, name, fmt::join(sizes, ", "), fmt::join(parameter.sizes(), ", ")));
+        }
+        require_same_dtype(directory, name, read(entry, manifest_path, "dtype").toStringRef(),
+                           c10::toString(trained_dtype(model, it->second)));
+        const std::vector<std::int64_t> strides = read(entry, manifest_path, "strides").toIntVector();
+        if (!same_strides_where_addressed(parameter.sizes(), strides, flat_layout_strides(parameter))) {
+          throw UsageError(fmt::format(
+              "sharded checkpoint '{}' holds '{}' with strides [{}], the model's are [{}]; give the model the "
+              "saved memory format (channels_last or not) before loading",
+              directory, name, fmt::join(strides, ", "), fmt::join(parameter.strides(), ", ")));
+        }
+        saved[it->second] = SavedParameter{k, read(entry, manifest_path, "step").toInt(),
+                                           read(entry, manifest_path, "piece_ranks").toIntVector(),
+                                           read(entry, manifest_path, "piece_begins").toIntVector(),
+                                           read(entry, manifest_path, "piece_lengths").toIntVector()};
+      });
   for (std::size_t i = 0; i < saved.size(); ++i) {
     if (!saved[i]) {
       throw UsageError(

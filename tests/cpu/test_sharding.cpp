@@ -490,6 +490,10 @@ TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByNa
     auto wider = ddp::DistributedDataParallel<torch::nn::Linear>(torch::nn::Linear(4, 5), pg, options);
     refused([&] { wider.load_sharded_checkpoint(directory.string()); },
             "holds 'weight' of shape [3, 4], the model's is [5, 4]; it belongs to another model");
+    auto without_bias = ddp::DistributedDataParallel<torch::nn::Linear>(
+        torch::nn::Linear(torch::nn::LinearOptions(4, 3).bias(false)), pg, options);
+    refused([&] { without_bias.load_sharded_checkpoint(directory.string()); },
+            "holds a parameter 'bias' that this model does not train; it belongs to another model");
     torch::optim::SGD sgd(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     refused([&] { model.load_sharded_checkpoint(directory.string(), &sgd); },
             "holds the state of the optimizer adamw; this one is sgd");
