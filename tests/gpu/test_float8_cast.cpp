@@ -150,6 +150,41 @@ TEST(Float8Cast, WritesOnlyWhatIsAskedFor) {
   }
 }
 
+/// Inputs and data may be column ranges of wider matrices (rows contiguous,
+/// a row stride past the width): a stride that breaks the vector width (68
+/// bf16) and one that keeps it (72, from a 16-byte-aligned column), into
+/// data that is itself a column range; the bytes around the range stay as
+/// they were. A transposed input (columns not contiguous) is refused.
+TEST(Float8Cast, ColumnRangesOfWiderMatrices) {
+  torch::manual_seed(2);
+  const auto scale = torch::full({}, 3.7f, torch::TensorOptions().device(kGpu));
+  const auto fp8 = torch::TensorOptions().device(kGpu).dtype(torch::kFloat8_e4m3fn);
+  for (const auto& [width, begin] : {std::pair<int64_t, int64_t>{68, 0}, {72, 8}}) {
+    const std::string what =
+        "columns " + std::to_string(begin) + ".." + std::to_string(begin + 64) + " of " + std::to_string(width);
+    const auto wide = make_input(40, width, torch::kBFloat16);
+    const auto x = wide.slice(1, begin, begin + 64);
+    auto outputs = make_outputs(40, 64, torch::kFloat8_e4m3fn, scale);
+    const auto wide_data = torch::empty({40, 80}, fp8);
+    wide_data.view(torch::kByte).fill_(0x7F);
+    outputs.data = wide_data.slice(1, 16, 80);
+    ddp::float8::cast_transpose(x, outputs);
+    const auto reference = (x.to(torch::kFloat) * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn);
+    expect_same_bytes(outputs.data, reference, what + ", data");
+    expect_same_bytes(outputs.transposed, reference.t().contiguous(), what + ", transposed");
+    EXPECT_TRUE(wide_data.slice(1, 0, 16).view(torch::kByte).eq(0x7F).all().item<bool>()) << what;
+    EXPECT_EQ(outputs.amax.item<float>(), x.abs().max().item<float>()) << what << ", amax";
+  }
+  const auto square = make_input(64, 64, torch::kBFloat16);
+  auto outputs = make_outputs(64, 64, torch::kFloat8_e4m3fn, scale);
+  try {
+    ddp::float8::cast_transpose(square.t(), outputs);
+    ADD_FAILURE() << "a transposed input was accepted";
+  } catch (const c10::Error& error) {
+    EXPECT_NE(std::string(error.what()).find("with contiguous rows"), std::string::npos) << error.what();
+  }
+}
+
 /// The amax accumulates: one output taken over two casts is the amax of both.
 TEST(Float8Cast, AmaxAccumulatesAcrossCasts) {
   const auto scale = torch::ones({}, torch::TensorOptions().device(kGpu));
