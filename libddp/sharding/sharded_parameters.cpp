@@ -3,7 +3,10 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -149,14 +152,14 @@ void ShardedParameters::gather(bool defer_units) {
   if (!gradient_shards_) {
     for (at::Tensor& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
   }
-  // A resident bucket in a narrower dtype: its part is the cast of the
-  // master the optimizer stepped (on one rank, the whole buffer).
-  for (Bucket& bucket : buckets_) {
-    if (bucket.transient || !bucket.master.defined()) continue;
-    const std::int64_t shard = bucket.layout.shard_numel;
-    bucket.buffer.narrow(0, comm_.rank() * shard, shard).copy_(bucket.master);
+  if (comm_.world_size() == 1) {
+    for (Bucket& bucket : buckets_) cast_master(bucket);
+    return;
   }
-  if (comm_.world_size() == 1) return;
+  // Each bucket's cast is queued just before its gather. A deferred unit's
+  // runs, with its gather's launch, on a side stream: the forward then waits
+  // for its first unit's cast only, and the other casts overlap it.
+  const c10::optional<c10::Stream> side = defer_units ? side_stream() : c10::nullopt;
   // The last buckets hold the first layers: gather them first, for the
   // forward that follows.
   // Collectives run in order on the communicator's stream: the buckets the
@@ -168,9 +171,12 @@ void ShardedParameters::gather(bool defer_units) {
   for (const bool units : {false, true}) {
     for (auto bucket = buckets_.rbegin(); bucket != buckets_.rend(); ++bucket) {
       if (bucket->transient || bucket->in_unit != units) continue;
+      const bool deferred = units && defer_units;
+      const c10::OptionalStreamGuard stream_guard(deferred ? side : c10::nullopt);
+      cast_master(*bucket);
       const std::int64_t shard = bucket->layout.shard_numel;
       auto work = comm_.all_gather(bucket->buffer, bucket->buffer.narrow(0, comm_.rank() * shard, shard));
-      if (units && defer_units) {
+      if (deferred) {
         bucket->gathering = std::move(work);
       } else {
         works.push_back(std::move(work));
@@ -179,6 +185,26 @@ void ShardedParameters::gather(bool defer_units) {
     for (auto& work : works) work->wait_stream();
     works.clear();
   }
+}
+
+void ShardedParameters::cast_master(Bucket& bucket) {
+  // A resident bucket in a narrower dtype: its part is the cast of the
+  // master the optimizer stepped (on one rank, the whole buffer).
+  if (bucket.transient || !bucket.master.defined()) return;
+  const std::int64_t shard = bucket.layout.shard_numel;
+  bucket.buffer.narrow(0, comm_.rank() * shard, shard).copy_(bucket.master);
+}
+
+c10::optional<c10::Stream> ShardedParameters::side_stream() const {
+  const c10::Device device = comm_.device();
+  if (device.type() != c10::DeviceType::CUDA) return c10::nullopt;  // CPU work runs in order anyway
+  const c10::impl::VirtualGuardImpl guard(device.type());
+  const c10::Stream side = guard.getStreamFromGlobalPool(device);
+  // After what the current stream queued so far: the optimizer's step.
+  c10::Event stepped(device.type());
+  stepped.record(guard.getStream(device));
+  stepped.block(side);
+  return side;
 }
 
 void ShardedParameters::start_gather(std::size_t index) {

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
+#include <c10/util/Optional.h>
 
 #include <ddp/communicator.h>
 
@@ -189,6 +191,12 @@ class ShardedParameters {
   /// copying its value there (cast to the buffer's dtype).
   void adopt(Bucket& bucket, std::size_t slot);
   bool adopted(const Bucket& bucket, std::size_t slot) const;
+  /// A resident bucket gathered narrower than its master: casts the master
+  /// into this rank's part of the buffer, on the current stream.
+  void cast_master(Bucket& bucket);
+  /// On a CUDA device, a stream ordered after the current one's work so far,
+  /// for casts and gathers the forward waits for later; none elsewhere.
+  c10::optional<c10::Stream> side_stream() const;
   /// A flat alias of parameter `index`'s gradient, in the parameter's memory
   /// order; undefined if it has none.
   at::Tensor parameter_gradient(std::size_t index) const;
