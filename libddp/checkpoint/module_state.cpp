@@ -125,6 +125,8 @@ void load_module_state(torch::nn::Module& module, const std::vector<at::Tensor>&
   c10::NoGradGuard no_grad;
   TrainedIndex trained;
   for (std::size_t i = 0; i < parameters.size(); ++i) trained[parameters[i].unsafeGetTensorImpl()] = i;
+  // A forward that threw may have left gathers, and the casts feeding them, reading the shards.
+  if (sharded != nullptr) sharded->settle_all();
   read(module, "", trained, sharded, archive);
   if (sharded != nullptr) sharded->shards_written();
 }

@@ -244,6 +244,8 @@ void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::I
 void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimizer, const std::string& directory,
                const std::function<void(torch::serialize::InputArchive&)>& extra) {
   c10::NoGradGuard no_grad;
+  // A forward that threw may have left gathers, and the casts feeding them, reading the shards.
+  if (model.sharded != nullptr) model.sharded->settle_all();
   const std::string manifest_path = path_in(directory, kManifest);
   if (!checkpoint::is_sharded_checkpoint(directory)) {
     throw UsageError(

@@ -159,7 +159,10 @@ void ShardedParameters::gather(bool defer_units) {
   // Each bucket's cast is queued just before its gather. A deferred unit's
   // runs, with its gather's launch, on a side stream: the forward then waits
   // for its first unit's cast only, and the other casts overlap it.
-  const c10::optional<c10::Stream> side = defer_units ? side_stream() : c10::nullopt;
+  const bool deferred_casts = defer_units && std::any_of(buckets_.begin(), buckets_.end(), [](const Bucket& bucket) {
+                                return bucket.in_unit && !bucket.transient && bucket.master.defined();
+                              });
+  const c10::optional<c10::Stream> side = deferred_casts ? side_stream() : c10::nullopt;
   // The last buckets hold the first layers: gather them first, for the
   // forward that follows.
   // Collectives run in order on the communicator's stream: the buckets the
@@ -195,16 +198,19 @@ void ShardedParameters::cast_master(Bucket& bucket) {
   bucket.buffer.narrow(0, comm_.rank() * shard, shard).copy_(bucket.master);
 }
 
-c10::optional<c10::Stream> ShardedParameters::side_stream() const {
+c10::optional<c10::Stream> ShardedParameters::side_stream() {
   const c10::Device device = comm_.device();
   if (device.type() != c10::DeviceType::CUDA) return c10::nullopt;  // CPU work runs in order anyway
   const c10::impl::VirtualGuardImpl guard(device.type());
-  const c10::Stream side = guard.getStreamFromGlobalPool(device);
+  // One stream for good: the pool hands its streams out in turn, and one
+  // shared with a collective or a capture would queue the casts behind it.
+  // High priority: the forward waits for these casts.
+  if (!side_stream_) side_stream_ = guard.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
   // After what the current stream queued so far: the optimizer's step.
   c10::Event stepped(device.type());
   stepped.record(guard.getStream(device));
-  stepped.block(side);
-  return side;
+  stepped.block(*side_stream_);
+  return side_stream_;
 }
 
 void ShardedParameters::start_gather(std::size_t index) {
@@ -291,9 +297,11 @@ std::int64_t ShardedParameters::fragment_begin(std::size_t index) const {
   return it == fragment_of_.end() ? -1 : fragments_[it->second].begin;
 }
 
-void ShardedParameters::shards_written() {
-  // A deferred gather of a forward that threw may still write into the shards.
+void ShardedParameters::settle_all() {
   for (std::size_t b = 0; b < buckets_.size(); ++b) settle(b);
+}
+
+void ShardedParameters::shards_written() {
   gather_pending_ = true;
   for (std::size_t b = 0; b < buckets_.size(); ++b) release(b);
 }
@@ -301,7 +309,7 @@ void ShardedParameters::shards_written() {
 void ShardedParameters::gather_whole(const std::function<at::Tensor(std::size_t index)>& part,
                                      const std::function<void(std::size_t index, const at::Tensor& values)>& whole) {
   c10::NoGradGuard no_grad;
-  for (std::size_t b = 0; b < buckets_.size(); ++b) settle(b);  // the fragments alias resident buffers
+  settle_all();  // the fragments alias resident buffers
   for (const Bucket& bucket : buckets_) {
     const std::int64_t shard_begin = comm_.rank() * bucket.layout.shard_numel;
     // In the trained dtype, not a narrower gathered one.

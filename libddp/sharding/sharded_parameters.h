@@ -82,10 +82,11 @@ class ShardedParameters {
   /// last synchronised backward, casts the masters of resident buckets in a
   /// narrower dtype into their parts, and all-gathers every resident buffer (the
   /// current stream waits for the gathers on the device; the host does not).
-  /// With `defer_units`, a unit's resident bucket is only started: the
-  /// unit's entry waits for it (finish_gather), so that the gathers of later
-  /// layers overlap the forward of earlier ones. Without gradient shards it
-  /// drops the parameters' gradients then instead: the step has consumed
+  /// With `defer_units`, a unit's resident bucket is only started (its cast
+  /// too, on a side stream on a GPU): the unit's entry waits for it
+  /// (finish_gather), so that the gathers of later layers overlap the
+  /// forward of earlier ones. Without gradient shards it drops the
+  /// parameters' gradients then instead: the step has consumed
   /// them, and the next backward must not add to them. Transient buckets
   /// are left to start_gather(). UsageError if a parameter no longer views
   /// its buffer (Module::load or Module::to replaced its storage), naming
@@ -104,6 +105,11 @@ class ShardedParameters {
   /// Orders the current stream after the bucket's gather in flight, if any,
   /// starting none: a prefetch or a deferred gather whose unit did not run.
   void settle(std::size_t bucket);
+  /// settle() for every bucket. A deferred unit's cast reads its master on a
+  /// side stream until its gather is settled: settle every bucket before
+  /// writing into the fragments or masters (a loader; the optimizer steps
+  /// only after the forward has settled them).
+  void settle_all();
   /// A transient bucket: gives its buffer's memory back (the allocator
   /// reuses it once the kernels queued so far are done with it). Nothing
   /// for a resident one.
@@ -126,8 +132,9 @@ class ShardedParameters {
   /// layout (flat_layout_strides); -1 if it has no part here.
   std::int64_t fragment_begin(std::size_t index) const;
   /// After values were written into the fragments (a sharded checkpoint
-  /// loaded): the next gather() all-gathers every buffer again, and gathered
-  /// transient buckets are released, to be gathered from their shards.
+  /// loaded, after settle_all()): the next gather() all-gathers every
+  /// buffer again, and gathered transient buckets are released, to be
+  /// gathered from their shards.
   void shards_written();
 
   /// Assembles a quantity held per fragment (an optimizer moment) for the
@@ -194,9 +201,10 @@ class ShardedParameters {
   /// A resident bucket gathered narrower than its master: casts the master
   /// into this rank's part of the buffer, on the current stream.
   void cast_master(Bucket& bucket);
-  /// On a CUDA device, a stream ordered after the current one's work so far,
-  /// for casts and gathers the forward waits for later; none elsewhere.
-  c10::optional<c10::Stream> side_stream() const;
+  /// On a CUDA device, this object's side stream, ordered after the current
+  /// stream's work so far, for casts and gathers the forward waits for
+  /// later; none elsewhere.
+  c10::optional<c10::Stream> side_stream();
   /// A flat alias of parameter `index`'s gradient, in the parameter's memory
   /// order; undefined if it has none.
   at::Tensor parameter_gradient(std::size_t index) const;
@@ -214,6 +222,7 @@ class ShardedParameters {
   std::int64_t peak_gathered_bytes_ = 0;
   std::map<int, std::vector<ShardedCollective>> recorded_;  // by kind of forward
   std::vector<ShardedCollective>* recording_ = nullptr;     // into recorded_, or null
+  c10::optional<c10::Stream> side_stream_;                  // taken at the first deferred cast
 };
 
 }  // namespace ddp::detail

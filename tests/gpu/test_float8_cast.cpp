@@ -165,15 +165,19 @@ TEST(Float8Cast, ColumnRangesOfWiderMatrices) {
     const auto wide = make_input(40, width, torch::kBFloat16);
     const auto x = wide.slice(1, begin, begin + 64);
     auto outputs = make_outputs(40, 64, torch::kFloat8_e4m3fn, scale);
-    const auto wide_data = torch::empty({40, 80}, fp8);
+    const auto wide_data = torch::empty({40, 96}, fp8);
     wide_data.view(torch::kByte).fill_(0x7F);
     outputs.data = wide_data.slice(1, 16, 80);
     ddp::float8::cast_transpose(x, outputs);
     const auto reference = (x.to(torch::kFloat) * scale).clamp(-448, 448).to(torch::kFloat8_e4m3fn);
     expect_same_bytes(outputs.data, reference, what + ", data");
     expect_same_bytes(outputs.transposed, reference.t().contiguous(), what + ", transposed");
-    EXPECT_TRUE(wide_data.slice(1, 0, 16).view(torch::kByte).eq(0x7F).all().item<bool>()) << what;
+    for (const auto& [begin_byte, end_byte] : {std::pair<int64_t, int64_t>{0, 16}, {80, 96}}) {
+      EXPECT_TRUE(wide_data.slice(1, begin_byte, end_byte).view(torch::kByte).eq(0x7F).all().item<bool>())
+          << what << ": bytes " << begin_byte << ".." << end_byte << " of each row were written";
+    }
     EXPECT_EQ(outputs.amax.item<float>(), x.abs().max().item<float>()) << what << ", amax";
+    expect_same_bytes(outputs.inverse_scale, scale.reciprocal(), what + ", inverse scale");
   }
   const auto square = make_input(64, 64, torch::kBFloat16);
   auto outputs = make_outputs(64, 64, torch::kFloat8_e4m3fn, scale);
