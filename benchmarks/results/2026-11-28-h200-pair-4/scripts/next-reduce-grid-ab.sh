@@ -27,25 +27,18 @@ lb() {  # lb NAME TREE FLAGS...
   timeout 45 $tree/build/gpu/libddp/ddprun --nproc-per-node 2 --standalone $tree/build/gpu/benchmarks/scaling/scaling_bench \
     --json /tmp/rows/$name.jsonl "$@" > /tmp/run.log 2>&1
   echo "$name rc=$? at $SECONDS s $(tail -c 300 /tmp/run.log | grep -i error)"
+  [[ -f /tmp/rows/$name.jsonl ]] && sed "s/^{/{\"label\": \"$name\", /" /tmp/rows/$name.jsonl >> "$OUT/rows.jsonl"
 }
 c="--model llama --steps 12 --warmup 4 --cuda-graph --copy-engine-reductions --sharding gradients --param-dtype bf16"
 for round in 1 2; do
-  for tree in "$here" /tmp/cap132 /tmp/cap264; do
-    t=$(basename "$tree"); [[ $tree == "$here" ]] && t=cap1024
-    lb fp8-$t-$round "$tree" $c --precision fp8 --fp8-fast-accum
-  done
-  for tree in "$here" /tmp/cap132 /tmp/cap264; do
-    t=$(basename "$tree"); [[ $tree == "$here" ]] && t=cap1024
-    lb bf16-$t-$round "$tree" $c --precision bf16
+  for precision in "fp8 --fp8-fast-accum" "bf16"; do
+    for tree in "$here" /tmp/cap132 /tmp/cap264; do
+      t=$(basename "$tree"); [[ $tree == "$here" ]] && t=cap1024
+      lb "${precision%% *}-$t-$round" "$tree" $c --precision $precision
+    done
   done
 done
-python3 - "$OUT" <<'PY'
-import glob, json, os, sys
-with open(sys.argv[1] + "/rows.jsonl", "w") as out:
-    for path in sorted(glob.glob("/tmp/rows/*.jsonl"), key=os.path.getmtime):
-        for line in open(path):
-            if not line.strip(): continue
-            r = dict(json.loads(line), label=os.path.basename(path)[:-6])
-            out.write(json.dumps(r) + "\n")
-            print(r["label"], round(r.get("throughput") or 0), r.get("step_ms"), str(r.get("error", ""))[:100])
-PY
+python3 -c 'import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(r["label"], round(r["throughput"]), r["step_ms"])' "$OUT/rows.jsonl"
