@@ -12,6 +12,7 @@
 #include <ddp/errors.h>
 #include <ddp/optim.h>
 
+#include "checkpoint/archive_entry.h"
 #include "checkpoint/optimizer_param_state.h"
 #include "sharding/sharded_parameters.h"
 
@@ -86,12 +87,13 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::vector<
   // A parameter the file has no state for had never stepped when it was
   // saved: it must have none after the load either, whatever it has now.
   std::vector<bool> loaded(parameters.size(), false);
+  const std::string source = "the checkpoint's optimizer state";
   for (std::int64_t n = 0; n < count.toInt(); ++n) {
     torch::serialize::InputArchive entry;
-    archive.read(fmt::format("p{}", n), entry);
+    read_entry(archive, fmt::format("p{}", n), entry, source);
     c10::IValue name, step;
-    entry.read("name", name);
-    entry.read("step", step);
+    read_entry(entry, "name", name, source);
+    read_entry(entry, "step", step, source);
     auto it = index_of.find(name.toStringRef());
     if (it == index_of.end()) {
       throw UsageError(fmt::format("libddp: the checkpoint's optimizer state is for a parameter '{}' that this model "

@@ -22,6 +22,7 @@
 #include <ddp/float8.h>
 #include <ddp/optim.h>
 
+#include "checkpoint/archive_entry.h"
 #include "checkpoint/optimizer_param_state.h"
 #include "float8/linear_state.h"
 #include "reducer/row_major.h"
@@ -162,13 +163,11 @@ std::vector<std::int64_t> agree(Communicator& comm, std::int64_t value, const st
   return values;
 }
 
-c10::IValue read(torch::serialize::InputArchive& archive, const std::string& path, const std::string& key) {
-  c10::IValue value;
-  if (!archive.try_read(key, value)) {
-    throw UsageError(fmt::format(
-        "sharded checkpoint file '{}' has no '{}': it is corrupt or not written by save_sharded_checkpoint()", path,
-        key));
-  }
+/// Entry `key` of the file at `path`: an IValue, a tensor or a nested archive.
+template <typename Value = c10::IValue>
+Value read(torch::serialize::InputArchive& archive, const std::string& path, const std::string& key) {
+  Value value;
+  read_entry(archive, key, value, fmt::format("sharded checkpoint file '{}'", path));
   return value;
 }
 
@@ -180,8 +179,7 @@ void for_each_entry(
     const std::function<void(std::int64_t, const std::string&, torch::serialize::InputArchive&)>& visit) {
   const std::int64_t count = read(list, path, count_key).toInt();
   for (std::int64_t k = 0; k < count; ++k) {
-    torch::serialize::InputArchive entry;
-    list.read(prefix + std::to_string(k), entry);
+    auto entry = read<torch::serialize::InputArchive>(list, path, prefix + std::to_string(k));
     visit(k, read(entry, path, "name").toStringRef(), entry);
   }
 }
@@ -235,8 +233,7 @@ void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::I
                          "does not have; it belongs to another model",
                          directory, name));
                    }
-                   torch::serialize::InputArchive scaling;
-                   entry.read("state", scaling);
+                   auto scaling = read<torch::serialize::InputArchive>(entry, path_in(directory, kManifest), "state");
                    Float8LinearAccess::load_scaling(*it->second, name, scaling);
                  });
 }
@@ -395,10 +392,8 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
       const SavedParameter& parameter = *saved[destination.parameter];
       for (std::size_t piece = 0; piece < parameter.ranks.size(); ++piece) {
         if (!overlaps(destination, piece)) continue;
-        torch::serialize::InputArchive entry;
-        archive.read(fmt::format("p{}", parameter.entry), entry);
-        at::Tensor value;
-        entry.read("value", value);
+        auto entry = read<torch::serialize::InputArchive>(archive, path, fmt::format("p{}", parameter.entry));
+        const auto value = read<at::Tensor>(entry, path, "value");
         if (value.numel() != parameter.lengths[piece]) {
           throw UsageError(fmt::format(
               "sharded checkpoint file '{}' holds {} elements of '{}' where its manifest says {}: it is corrupt", path,
@@ -437,16 +432,13 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   }
 
   // Buffers and frozen parameters, whole.
-  torch::serialize::InputArchive replicated;
-  manifest.read("replicated", replicated);
+  auto replicated = read<torch::serialize::InputArchive>(manifest, manifest_path, "replicated");
   std::map<std::string, at::Tensor> saved_replicated;
   const std::int64_t replicated_count = read(replicated, manifest_path, "count").toInt();
   for (std::int64_t k = 0; k < replicated_count; ++k) {
-    torch::serialize::InputArchive entry;
-    replicated.read(fmt::format("r{}", k), entry);
-    at::Tensor value;
-    entry.read("value", value);
-    saved_replicated[read(entry, manifest_path, "name").toStringRef()] = value;
+    auto entry = read<torch::serialize::InputArchive>(replicated, manifest_path, fmt::format("r{}", k));
+    saved_replicated[read(entry, manifest_path, "name").toStringRef()] =
+        read<at::Tensor>(entry, manifest_path, "value");
   }
   const std::vector<std::pair<std::string, at::Tensor>> replicated_here = replicated_tensors(model);
   for (const auto& [name, tensor] : replicated_here) {

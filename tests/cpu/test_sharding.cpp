@@ -401,6 +401,22 @@ TEST(ShardingGlooOneRank, MismatchedOptimizerStateIsRefusedByName) {
     refused(model, sgd, "holds the state of the optimizer adamw; this one is sgd");
     torch::optim::RMSprop rmsprop(model.parameters());
     refused(model, rmsprop, "support SGD, Adam and AdamW");
+    // A header whose entries are missing: the first one is named, in one line.
+    torch::serialize::InputArchive whole;
+    bytes.seekg(0);
+    whole.load_from(bytes);
+    torch::serialize::OutputArchive header_only;
+    for (const char* key : {"format", "optimizer", "parameters"}) {
+      c10::IValue value;
+      whole.read(key, value);
+      header_only.write(key, value);
+    }
+    std::stringstream header_bytes;
+    header_only.save_to(header_bytes);
+    torch::serialize::InputArchive truncated;
+    truncated.load_from(header_bytes);
+    require_usage_error([&] { model.load_optimizer_state(adamw, truncated); },
+                        "the checkpoint's optimizer state has no 'p0': it is corrupt or was not written by libddp");
   }));
 }
 

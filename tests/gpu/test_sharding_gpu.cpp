@@ -12,6 +12,7 @@
 
 #include <ddp/ddp.h>
 
+#include "support/collective_checks.h"
 #include "support/multiprocess.h"
 #include "support/remove_tree.h"
 #include "support/sharding_scenarios.h"
@@ -107,6 +108,17 @@ TEST(ShardingCuda, Float8DelayedScalingSurvivesEveryCheckpointFormat) {
         }
         auto resumed = make(sharding);
         if (sharded_format) {
+          // The same parameters, but the second layer without FP8: its saved
+          // scaling state has no layer to go to, and loading says so by name.
+          torch::manual_seed(0);
+          torch::nn::Sequential plain_tail(ddp::Float8Linear(torch::nn::LinearOptions(64, 64).bias(false), recipe),
+                                           torch::nn::ReLU(),
+                                           torch::nn::Linear(torch::nn::LinearOptions(64, 32).bias(false)));
+          plain_tail->to(pg->device());
+          ddp::DistributedDataParallel<torch::nn::Sequential> other(
+              plain_tail, pg, ddp::DistributedDataParallelOptions().sharding(sharding));
+          require_usage_error([&] { other.load_sharded_checkpoint(path); },
+                              "holds the FP8 scaling state of a Float8Linear '2' that this model does not have");
           resumed.load_sharded_checkpoint(path);
           remove_tree(path);
         } else {
