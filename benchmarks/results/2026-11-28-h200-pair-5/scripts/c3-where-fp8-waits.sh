@@ -7,7 +7,7 @@ set -u
 : "${OUT:?}"
 nvidia-smi -L
 here=$(dirname "$0")
-bash cmake/scripts/configure.sh python build/gpu -DDDP_WARNINGS_AS_ERRORS=ON -DTORCH_CUDA_ARCH_LIST=9.0 > /tmp/configure.log 2>&1
+[[ -f build/gpu/build.ninja ]] || bash cmake/scripts/configure.sh python build/gpu -DDDP_WARNINGS_AS_ERRORS=ON -DTORCH_CUDA_ARCH_LIST=9.0 > /tmp/configure.log 2>&1
 cmake --build build/gpu --target scaling_bench ddprun > /tmp/build.log 2>&1
 echo "build rc=$? at $SECONDS s"
 B=build/gpu
