@@ -224,7 +224,8 @@ void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::I
   for (const auto& item : model.module.named_modules()) {
     if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
   }
-  for_each_entry(layers, path_in(directory, kManifest), "count", "l",
+  const std::string manifest_path = path_in(directory, kManifest);
+  for_each_entry(layers, manifest_path, "count", "l",
                  [&](std::int64_t, const std::string& name, torch::serialize::InputArchive& entry) {
                    auto it = layers_here.find(name);
                    if (it == layers_here.end()) {
@@ -233,7 +234,7 @@ void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::I
                          "does not have; it belongs to another model",
                          directory, name));
                    }
-                   auto scaling = read<torch::serialize::InputArchive>(entry, path_in(directory, kManifest), "state");
+                   auto scaling = read<torch::serialize::InputArchive>(entry, manifest_path, "state");
                    Float8LinearAccess::load_scaling(*it->second, name, scaling);
                  });
 }
