@@ -238,6 +238,10 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   const ddp::FusedBatchNormPath path =
       flags.on("unfused") ? ddp::FusedBatchNormPath::kAten : resnet::parse_batch_norm_path(flags.str("bn"));
   model->set_batch_norm_path(path);
+  const std::string unfuse = flags.str("unfuse");
+  if (!unfuse.empty() && unfuse != "max-pool")
+    flags.fail("--unfuse for ResNet-50 takes max-pool; got '" + unfuse + "'");
+  model->fused_max_pool = !flags.on("unfused") && unfuse.empty();
   model->to(device);
   resnet::to_channels_last(*model);
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<resnet::ResNet>>(model, process_group, options);
@@ -258,9 +262,9 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   for (const auto& p : model->parameters()) workload.params += p.numel();
   workload.json_fields = fmt::format(
       "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
-      "\"fp8_fast_accum\": null, \"fused_kernels\": {}, \"bn\": \"{}\", \"sync_bn\": {}",
+      "\"fp8_fast_accum\": null, \"fused_kernels\": {}, \"bn\": \"{}\", \"sync_bn\": {}, \"unfuse\": \"{}\"",
       image, path != ddp::FusedBatchNormPath::kAten && ddp::fused_batch_norm_path_built(path) && device.is_cuda(),
-      flags.on("unfused") ? "aten" : flags.str("bn"), sync_bn);
+      flags.on("unfused") ? "aten" : flags.str("bn"), sync_bn, unfuse);
   return workload;
 }
 
@@ -372,12 +376,12 @@ int main(int argc, char** argv) try {
       .add_switch("unfused",
                   "the ATen ops PyTorch's reference runs, not fused kernels: LLaMA's RMSNorm, RoPE, SwiGLU, loss and "
                   "repeated key/value heads, torch::nn::Linear's weight gradients, "
-                  "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm)")
+                  "ResNet-50's BatchNorm, residual add and ReLU (ddp::fused_batch_norm) and max pooling")
       .add("unfuse", "",
-           "LLaMA: fusions to leave out, comma-separated, for the A/B of each: loss (ops::cross_entropy), "
+           "fusions to leave out, comma-separated, for the A/B of each; LLaMA: loss (ops::cross_entropy), "
            "residual-norm (the residual add in the norm's kernel), fp32-weight-gradients "
-           "(ddp::Float8Options::fp32_weight_gradients), qkv (wq, wk, wv as three layers); --unfused leaves out "
-           "every fusion")
+           "(ddp::Float8Options::fp32_weight_gradients), qkv (wq, wk, wv as three layers); ResNet-50: max-pool "
+           "(torch::max_pool2d, not resnet::max_pool2d's kernels); --unfused leaves out every fusion")
       .add_switch("repeat-kv-heads",
                   "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
                   "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")

@@ -16,30 +16,17 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda_values.cuh"
+
 namespace llama::kernels {
 namespace {
 
+using examples::cuda::from_float;
+using examples::cuda::Pack;
+using examples::cuda::to_float;
+using examples::cuda::with_cuda_type;
+
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-// Round to nearest even, as ATen's conversions do.
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-
-/// N consecutive elements, loaded and stored as one access (N * sizeof(T) bytes).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
 
 /// The sum of `value` over the block, returned to every thread. Every thread
 /// of the block must call it; blockDim.x a multiple of 32, at most kThreads.
@@ -418,26 +405,6 @@ __global__ void swiglu_backward_kernel(const T* __restrict__ grad_y, const T* __
     }
     reinterpret_cast<Pack<T, N>*>(grad_gate)[i] = da;
     reinterpret_cast<Pack<T, N>*>(grad_up)[i] = db;
-  }
-}
-
-template <typename T>
-struct Type {
-  using type = T;
-};
-
-/// Calls f(Type<T>{}) with T the CUDA type of `dtype`.
-template <typename F>
-void with_cuda_type(at::ScalarType dtype, const char* what, F&& f) {
-  switch (dtype) {
-    case at::kFloat:
-      return f(Type<float>{});
-    case at::kBFloat16:
-      return f(Type<__nv_bfloat16>{});
-    case at::kHalf:
-      return f(Type<__half>{});
-    default:
-      TORCH_CHECK(false, what, ": fp32, bf16 or fp16 expected, got ", dtype);
   }
 }
 

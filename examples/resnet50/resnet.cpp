@@ -3,6 +3,8 @@
 #include <ddp/batch_norm.h>
 #include <ddp/sync_batch_norm.h>
 
+#include "max_pool.h"
+
 namespace resnet {
 namespace {
 
@@ -119,7 +121,7 @@ ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
 
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
   x = normalize(bn1, conv1(x), {}, true, batch_norm_path);
-  x = torch::max_pool2d(x, 3, 2, 1);
+  x = fused_max_pool ? max_pool2d(x, 3, 2, 1) : torch::max_pool2d(x, 3, 2, 1);
   for (auto layer : {layer1, layer2, layer3, layer4}) x = layer->forward(x);
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc(x);

@@ -49,6 +49,9 @@ struct ResNetImpl : torch::nn::Module {
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::AnyModule bn1;
   ddp::FusedBatchNormPath batch_norm_path = ddp::FusedBatchNormPath::kAuto;
+  /// The stem's max pooling through resnet::max_pool2d (fused kernels where
+  /// they apply), not torch::max_pool2d.
+  bool fused_max_pool = true;
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
   torch::nn::Linear fc{nullptr};
 };
