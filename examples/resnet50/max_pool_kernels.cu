@@ -54,7 +54,9 @@ __device__ Place place(uint32_t i, uint32_t channels, int rows, int cols) {
 
 // One thread per N channels of an output pixel: the window's rows, then its
 // columns, in ATen's order; a value replaces the maximum if greater, or NaN.
-template <typename T, int N>
+// kKernel: the window's side where the launch fixed it (ResNet's 3, so the
+// loops unroll and the loads issue together), else 0.
+template <typename T, int N, int kKernel>
 __global__ void __launch_bounds__(kThreads)
     max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ offsets,
                             const PoolShape s, uint32_t threads) {
@@ -67,16 +69,19 @@ __global__ void __launch_bounds__(kThreads)
       best[k] = -INFINITY;
       best_at.v[k] = 0;
     }
+    const int kernel = kKernel > 0 ? kKernel : s.kernel;
     const int top = out.row * s.stride - s.padding, left = out.col * s.stride - s.padding;
-    for (int kh = 0; kh < s.kernel; ++kh) {
+#pragma unroll
+    for (int kh = 0; kh < kernel; ++kh) {
       const int row = top + kh;
       if (row < 0 || row >= s.height) continue;
-      for (int kw = 0; kw < s.kernel; ++kw) {
+#pragma unroll
+      for (int kw = 0; kw < kernel; ++kw) {
         const int col = left + kw;
         if (col < 0 || col >= s.width) continue;
         const Pack<T, N> v = *reinterpret_cast<const Pack<T, N>*>(
             x + ((int64_t{out.n} * s.height + row) * s.width + col) * s.channels + out.c);
-        const auto at = static_cast<uint8_t>(kh * s.kernel + kw);
+        const auto at = static_cast<uint8_t>(kh * kernel + kw);
 #pragma unroll
         for (int k = 0; k < N; ++k) {
           const float f = to_float(v.v[k]);
@@ -99,8 +104,10 @@ __global__ void __launch_bounds__(kThreads)
 // One thread per N channels of an input pixel: it gathers from the (at most
 // ceil(kernel / stride)^2) windows that contain it, in ATen's order, so the
 // fp32 sums round as ATen's do. A pixel in one window only takes its
-// gradient as is (ATen's shortcut, which keeps a -0).
-template <typename T, int N>
+// gradient as is (ATen's shortcut, which keeps a -0). kSpan: the most
+// windows along an axis where the launch fixed it (ResNet's 2, so the four
+// windows' loads issue together), else 0.
+template <typename T, int N, int kSpan>
 __global__ void __launch_bounds__(kThreads)
     max_pool_backward_kernel(const T* __restrict__ grad_y, const uint8_t* __restrict__ offsets, T* __restrict__ grad_x,
                              const PoolShape s, uint32_t threads) {
@@ -120,8 +127,14 @@ __global__ void __launch_bounds__(kThreads)
       sum[k] = 0;
       single.v[k] = from_float<T>(0);
     }
-    for (int row = first_row; row < last_row; ++row) {
-      for (int col = first_col; col < last_col; ++col) {
+#pragma unroll
+    for (int dr = 0; dr < (kSpan > 0 ? kSpan : last_row - first_row); ++dr) {
+      const int row = first_row + dr;
+      if (row >= last_row) continue;
+#pragma unroll
+      for (int dc = 0; dc < (kSpan > 0 ? kSpan : last_col - first_col); ++dc) {
+        const int col = first_col + dc;
+        if (col >= last_col) continue;
         const int64_t o = ((int64_t{in.n} * s.out_height + row) * s.out_width + col) * s.channels + in.c;
         const Pack<uint8_t, N> at = *reinterpret_cast<const Pack<uint8_t, N>*>(offsets + o);
         const Pack<T, N> g = *reinterpret_cast<const Pack<T, N>*>(grad_y + o);
@@ -176,6 +189,9 @@ uint32_t thread_count(const at::Tensor& x, const at::Tensor& y, int64_t elements
   return static_cast<uint32_t>(elements / pack);
 }
 
+/// ResNet's 3x3 windows at stride 2, which the kernels unroll (any padding).
+bool resnets_window(const PoolWindow& window) { return window.kernel == 3 && window.stride == 2; }
+
 PoolShape shape_of(at::IntArrayRef input_sizes, const PoolWindow& window, const char* what) {
   TORCH_CHECK(input_sizes.size() == 4, what, ": a 4-D input [N, C, H, W] expected, got ", input_sizes);
   TORCH_CHECK(window.kernel >= 1 && window.kernel * window.kernel <= 256 && window.stride >= 1 && window.padding >= 0 &&
@@ -215,7 +231,8 @@ std::pair<at::Tensor, at::Tensor> max_pool_forward(const at::Tensor& x, const Po
     using T = typename decltype(type)::type;
     constexpr int N = decltype(pack)::value;
     const uint32_t threads = thread_count(x, y, y.numel(), N, what);
-    max_pool_forward_kernel<T, N><<<blocks_for(threads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    const auto kernel = resnets_window(window) ? max_pool_forward_kernel<T, N, 3> : max_pool_forward_kernel<T, N, 0>;
+    kernel<<<blocks_for(threads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         static_cast<const T*>(x.data_ptr()), static_cast<T*>(y.data_ptr()), offsets.data_ptr<uint8_t>(), s, threads);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -240,7 +257,8 @@ at::Tensor max_pool_backward(const at::Tensor& grad_y, const at::Tensor& offsets
     using T = typename decltype(type)::type;
     constexpr int N = decltype(pack)::value;
     const uint32_t threads = thread_count(grad_x, grad_y, grad_x.numel(), N, what);
-    max_pool_backward_kernel<T, N><<<blocks_for(threads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    const auto kernel = resnets_window(window) ? max_pool_backward_kernel<T, N, 2> : max_pool_backward_kernel<T, N, 0>;
+    kernel<<<blocks_for(threads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         static_cast<const T*>(grad_y.data_ptr()), offsets.data_ptr<uint8_t>(), static_cast<T*>(grad_x.data_ptr()), s,
         threads);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
