@@ -60,45 +60,45 @@ template <typename T, int N, int kKernel>
 __global__ void __launch_bounds__(kThreads)
     max_pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, uint8_t* __restrict__ offsets,
                             const PoolShape s, uint32_t threads) {
-  const uint32_t i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= threads) return;
-  const Place out = place<N>(i, static_cast<uint32_t>(s.channels), s.out_height, s.out_width);
-  float best[N];
-  Pack<uint8_t, N> best_at;
+  for (uint32_t i = blockIdx.x * kThreads + threadIdx.x; i < threads; i += gridDim.x * kThreads) {
+    const Place out = place<N>(i, static_cast<uint32_t>(s.channels), s.out_height, s.out_width);
+    float best[N];
+    Pack<uint8_t, N> best_at;
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    best[k] = -INFINITY;
-    best_at.v[k] = 0;
-  }
-  const int kernel = kKernel > 0 ? kKernel : s.kernel;
-  const int top = out.row * s.stride - s.padding, left = out.col * s.stride - s.padding;
+    for (int k = 0; k < N; ++k) {
+      best[k] = -INFINITY;
+      best_at.v[k] = 0;
+    }
+    const int kernel = kKernel > 0 ? kKernel : s.kernel;
+    const int top = out.row * s.stride - s.padding, left = out.col * s.stride - s.padding;
 #pragma unroll
-  for (int kh = 0; kh < kernel; ++kh) {
-    const int row = top + kh;
-    if (row < 0 || row >= s.height) continue;
+    for (int kh = 0; kh < kernel; ++kh) {
+      const int row = top + kh;
+      if (row < 0 || row >= s.height) continue;
 #pragma unroll
-    for (int kw = 0; kw < kernel; ++kw) {
-      const int col = left + kw;
-      if (col < 0 || col >= s.width) continue;
-      const Pack<T, N> v = *reinterpret_cast<const Pack<T, N>*>(
-          x + ((int64_t{out.n} * s.height + row) * s.width + col) * s.channels + out.c);
-      const auto at = static_cast<uint8_t>(kh * kernel + kw);
+      for (int kw = 0; kw < kernel; ++kw) {
+        const int col = left + kw;
+        if (col < 0 || col >= s.width) continue;
+        const Pack<T, N> v = *reinterpret_cast<const Pack<T, N>*>(
+            x + ((int64_t{out.n} * s.height + row) * s.width + col) * s.channels + out.c);
+        const auto at = static_cast<uint8_t>(kh * kernel + kw);
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        const float f = to_float(v.v[k]);
-        if (f > best[k] || isnan(f)) {
-          best[k] = f;
-          best_at.v[k] = at;
+        for (int k = 0; k < N; ++k) {
+          const float f = to_float(v.v[k]);
+          if (f > best[k] || isnan(f)) {
+            best[k] = f;
+            best_at.v[k] = at;
+          }
         }
       }
     }
-  }
-  Pack<T, N> result;
+    Pack<T, N> result;
 #pragma unroll
-  for (int k = 0; k < N; ++k) result.v[k] = from_float<T>(best[k]);  // exact: best is one of x's values
-  const int64_t o = ((int64_t{out.n} * s.out_height + out.row) * s.out_width + out.col) * s.channels + out.c;
-  *reinterpret_cast<Pack<T, N>*>(y + o) = result;
-  *reinterpret_cast<Pack<uint8_t, N>*>(offsets + o) = best_at;
+    for (int k = 0; k < N; ++k) result.v[k] = from_float<T>(best[k]);  // exact: best is one of x's values
+    const int64_t o = ((int64_t{out.n} * s.out_height + out.row) * s.out_width + out.col) * s.channels + out.c;
+    *reinterpret_cast<Pack<T, N>*>(y + o) = result;
+    *reinterpret_cast<Pack<uint8_t, N>*>(offsets + o) = best_at;
+  }
 }
 
 // One thread per N channels of an input pixel: it gathers from the (at most
@@ -111,48 +111,48 @@ template <typename T, int N, int kSpan>
 __global__ void __launch_bounds__(kThreads)
     max_pool_backward_kernel(const T* __restrict__ grad_y, const uint8_t* __restrict__ offsets, T* __restrict__ grad_x,
                              const PoolShape s, uint32_t threads) {
-  const uint32_t i = blockIdx.x * kThreads + threadIdx.x;
-  if (i >= threads) return;
-  const Place in = place<N>(i, static_cast<uint32_t>(s.channels), s.height, s.width);
-  // The windows [first, last) along each axis whose span holds this row or column.
-  const int padded_row = in.row + s.padding, padded_col = in.col + s.padding;
-  const int first_row = padded_row < s.kernel ? 0 : (padded_row - s.kernel) / s.stride + 1;
-  const int last_row = min(padded_row / s.stride + 1, s.out_height);
-  const int first_col = padded_col < s.kernel ? 0 : (padded_col - s.kernel) / s.stride + 1;
-  const int last_col = min(padded_col / s.stride + 1, s.out_width);
-  const bool one_window = last_row - first_row == 1 && last_col - first_col == 1;
-  float sum[N];
-  Pack<T, N> single;
+  for (uint32_t i = blockIdx.x * kThreads + threadIdx.x; i < threads; i += gridDim.x * kThreads) {
+    const Place in = place<N>(i, static_cast<uint32_t>(s.channels), s.height, s.width);
+    // The windows [first, last) along each axis whose span holds this row or column.
+    const int padded_row = in.row + s.padding, padded_col = in.col + s.padding;
+    const int first_row = padded_row < s.kernel ? 0 : (padded_row - s.kernel) / s.stride + 1;
+    const int last_row = min(padded_row / s.stride + 1, s.out_height);
+    const int first_col = padded_col < s.kernel ? 0 : (padded_col - s.kernel) / s.stride + 1;
+    const int last_col = min(padded_col / s.stride + 1, s.out_width);
+    const bool one_window = last_row - first_row == 1 && last_col - first_col == 1;
+    float sum[N];
+    Pack<T, N> single;
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    sum[k] = 0;
-    single.v[k] = from_float<T>(0);
-  }
+    for (int k = 0; k < N; ++k) {
+      sum[k] = 0;
+      single.v[k] = from_float<T>(0);
+    }
 #pragma unroll
-  for (int dr = 0; dr < (kSpan > 0 ? kSpan : last_row - first_row); ++dr) {
-    const int row = first_row + dr;
-    if (row >= last_row) continue;
+    for (int dr = 0; dr < (kSpan > 0 ? kSpan : last_row - first_row); ++dr) {
+      const int row = first_row + dr;
+      if (row >= last_row) continue;
 #pragma unroll
-    for (int dc = 0; dc < (kSpan > 0 ? kSpan : last_col - first_col); ++dc) {
-      const int col = first_col + dc;
-      if (col >= last_col) continue;
-      const int64_t o = ((int64_t{in.n} * s.out_height + row) * s.out_width + col) * s.channels + in.c;
-      const Pack<uint8_t, N> at = *reinterpret_cast<const Pack<uint8_t, N>*>(offsets + o);
-      const Pack<T, N> g = *reinterpret_cast<const Pack<T, N>*>(grad_y + o);
-      const auto here = static_cast<uint8_t>((padded_row - row * s.stride) * s.kernel + padded_col - col * s.stride);
+      for (int dc = 0; dc < (kSpan > 0 ? kSpan : last_col - first_col); ++dc) {
+        const int col = first_col + dc;
+        if (col >= last_col) continue;
+        const int64_t o = ((int64_t{in.n} * s.out_height + row) * s.out_width + col) * s.channels + in.c;
+        const Pack<uint8_t, N> at = *reinterpret_cast<const Pack<uint8_t, N>*>(offsets + o);
+        const Pack<T, N> g = *reinterpret_cast<const Pack<T, N>*>(grad_y + o);
+        const auto here = static_cast<uint8_t>((padded_row - row * s.stride) * s.kernel + padded_col - col * s.stride);
 #pragma unroll
-      for (int k = 0; k < N; ++k) {
-        if (at.v[k] != here) continue;
-        sum[k] += to_float(g.v[k]);
-        single.v[k] = g.v[k];
+        for (int k = 0; k < N; ++k) {
+          if (at.v[k] != here) continue;
+          sum[k] += to_float(g.v[k]);
+          single.v[k] = g.v[k];
+        }
       }
     }
-  }
-  Pack<T, N> result;
+    Pack<T, N> result;
 #pragma unroll
-  for (int k = 0; k < N; ++k) result.v[k] = one_window ? single.v[k] : from_float<T>(sum[k]);
-  *reinterpret_cast<Pack<T, N>*>(grad_x + ((int64_t{in.n} * s.height + in.row) * s.width + in.col) * s.channels +
-                                 in.c) = result;
+    for (int k = 0; k < N; ++k) result.v[k] = one_window ? single.v[k] : from_float<T>(sum[k]);
+    *reinterpret_cast<Pack<T, N>*>(grad_x + ((int64_t{in.n} * s.height + in.row) * s.width + in.col) * s.channels +
+                                   in.c) = result;
+  }
 }
 
 /// Calls f(Type<T>{}, pack) with pack 16 bytes of T where the channels and
@@ -173,15 +173,16 @@ void with_pack(const at::Tensor& values, int64_t channels, std::initializer_list
   });
 }
 
-/// Blocks of one thread per pack: a loop over several packs per thread
-/// (the grid capped at 8 times what the GPU holds) made backward 0.244 ms
-/// (H200, ResNet's stem at batch 128, 2026-11-28).
-int blocks_for(uint32_t threads) {
-  return static_cast<int>(std::max<uint32_t>(1, (threads + kThreads - 1) / kThreads));
+/// Blocks for `threads` threads, at most enough to fill the GPU 8 times over
+/// (the kernels loop over the rest).
+int blocks_for(int64_t threads) {
+  const int64_t limit = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} * (2048 / kThreads) * 8;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((threads + kThreads - 1) / kThreads, limit)));
 }
 
-/// `elements` / `pack` threads, a 32-bit number as the kernels count them;
-/// x and y (of `elements`) must both fit.
+/// `elements` / `pack` threads, a 32-bit number with room for the loop's
+/// step past the last, as the kernels count them; x and y (of `elements`)
+/// must both fit.
 uint32_t thread_count(const at::Tensor& x, const at::Tensor& y, int64_t elements, int pack, const char* what) {
   TORCH_CHECK(x.numel() <= kMaxElements && y.numel() <= kMaxElements, what, ": input ", x.sizes(), " or output ",
               y.sizes(), " has more than the kernels' ", kMaxElements, " elements; use torch::max_pool2d");
