@@ -174,7 +174,9 @@ void with_pack(const at::Tensor& values, int64_t channels, std::initializer_list
 }
 
 /// Blocks for `threads` threads, at most enough to fill the GPU 8 times over
-/// (the kernels loop over the rest).
+/// (the kernels loop over the rest): one thread per pack and no loop made
+/// backward slower (0.258 against 0.244 ms, ResNet's stem at batch 128 on an
+/// H200, 2026-11-28).
 int blocks_for(int64_t threads) {
   const int64_t limit = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} * (2048 / kThreads) * 8;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((threads + kThreads - 1) / kThreads, limit)));
