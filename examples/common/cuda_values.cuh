@@ -4,7 +4,11 @@
 // pooling) share: fp32 from and to the activations' dtypes, rounding to
 // nearest even as ATen's conversions do, and packs of consecutive elements
 // moved as one 16-byte (or smaller) access, and the dispatch from an ATen
-// dtype to the CUDA type.
+// dtype to the CUDA type and the widest pack the data allow.
+
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -52,6 +56,25 @@ void with_cuda_type(c10::ScalarType dtype, const char* what, F&& f) {
     case c10::kHalf: return f(Type<__half>{});
     default: TORCH_CHECK(false, what, ": fp32, bf16 or fp16 expected, got ", dtype);
   }
+}
+
+/// Calls f(Type<T>{}, pack) with T the CUDA type of `dtype` and pack 16
+/// bytes of T where rows of `row_elements` and every one of `pointers` allow
+/// 16-byte accesses, else 1.
+template <typename F>
+void with_pack(c10::ScalarType dtype, int64_t row_elements, std::initializer_list<const void*> pointers,
+               const char* what, F&& f) {
+  with_cuda_type(dtype, what, [&](auto type) {
+    using T = typename decltype(type)::type;
+    constexpr int kPack = 16 / sizeof(T);
+    bool vectorized = row_elements % kPack == 0;
+    for (const void* pointer : pointers) vectorized = vectorized && reinterpret_cast<std::uintptr_t>(pointer) % 16 == 0;
+    if (vectorized) {
+      f(type, std::integral_constant<int, kPack>{});
+    } else {
+      f(type, std::integral_constant<int, 1>{});
+    }
+  });
 }
 
 }  // namespace examples::cuda

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -25,6 +24,7 @@ using examples::cuda::from_float;
 using examples::cuda::Pack;
 using examples::cuda::to_float;
 using examples::cuda::with_cuda_type;
+using examples::cuda::with_pack;
 
 constexpr int kThreads = 256;
 
@@ -753,22 +753,6 @@ void check_cross_entropy_inputs(const char* what, const at::Tensor& logits, cons
   TORCH_CHECK(logits.size(0) <= INT32_MAX, what, ": too many rows (", logits.size(0), ")");
 }
 
-/// Calls f(Type<T>{}, pack) with pack 16 bytes of T where `tensors` allow it, else 1.
-template <typename F>
-void with_pack(const at::Tensor& logits, std::initializer_list<const void*> pointers, const char* what, F&& f) {
-  with_cuda_type(logits.scalar_type(), what, [&](auto type) {
-    using T = typename decltype(type)::type;
-    constexpr int kPack = 16 / sizeof(T);
-    bool vectorized = logits.size(1) % kPack == 0;
-    for (const void* pointer : pointers) vectorized = vectorized && aligned(pointer, 16);
-    if (vectorized) {
-      f(type, std::integral_constant<int, kPack>{});
-    } else {
-      f(type, std::integral_constant<int, 1>{});
-    }
-  });
-}
-
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
@@ -781,7 +765,7 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits
   if (rows == 0) return {losses, log_sum_exp};
   const c10::cuda::CUDAGuard device_guard(logits.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  with_pack(logits, {logits.data_ptr()}, what, [&](auto type, auto pack) {
+  with_pack(logits.scalar_type(), logits.size(1), {logits.data_ptr()}, what, [&](auto type, auto pack) {
     using T = typename decltype(type)::type;
     cross_entropy_forward_kernel<T, decltype(pack)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         static_cast<const T*>(logits.data_ptr()), targets.data_ptr<int64_t>(), losses.data_ptr<float>(),
@@ -805,13 +789,14 @@ at::Tensor cross_entropy_backward(const at::Tensor& scale, const at::Tensor& log
   if (rows == 0) return grad;
   const c10::cuda::CUDAGuard device_guard(logits.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  with_pack(logits, {logits.data_ptr(), grad.data_ptr()}, what, [&](auto type, auto pack) {
-    using T = typename decltype(type)::type;
-    cross_entropy_backward_kernel<T, decltype(pack)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        scale.data_ptr<float>(), static_cast<const T*>(logits.data_ptr()), targets.data_ptr<int64_t>(),
-        log_sum_exp.data_ptr<float>(), static_cast<T*>(grad.data_ptr()), vocab, ignore_index);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  with_pack(
+      logits.scalar_type(), logits.size(1), {logits.data_ptr(), grad.data_ptr()}, what, [&](auto type, auto pack) {
+        using T = typename decltype(type)::type;
+        cross_entropy_backward_kernel<T, decltype(pack)::value><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+            scale.data_ptr<float>(), static_cast<const T*>(logits.data_ptr()), targets.data_ptr<int64_t>(),
+            log_sum_exp.data_ptr<float>(), static_cast<T*>(grad.data_ptr()), vocab, ignore_index);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      });
   return grad;
 }
 

@@ -5,7 +5,7 @@
 # arguments): the patched tree's tests (the kernel against ATen's fused AdamW bit for bit; FusedAdamW against
 # at::_fused_adamw_ bit for bit; the fused optimizers' and captured steps' tests), the kernel's time in one profiled
 # LLaMA bf16 replay, then LLaMA-1.1B bf16 and fp8 captured at one GPU, main against patched, alternating, two
-# rounds. About 9 minutes.
+# rounds. Also the LLaMA and ResNet kernel tests, first run of session 27's shared with_pack. About 9 minutes.
 set -u
 : "${OUT:?}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,7 +18,8 @@ for tree in . /tmp/patched; do
   echo "$tree build rc=$? at $SECONDS s"
 done
 (cd /tmp/patched && cmake --build build/gpu --target ddp_adamw_segments_gpu_tests ddp_precision_gpu_tests ddp_captured_gpu_tests \
-   > /tmp/build-tests.log 2>&1 && cd build/gpu && ctest -R "AdamWSegments|FusedAdamW|FusedOptimizers|CapturedStep" \
+   ddp_llama_gpu_tests ddp_resnet_gpu_tests > /tmp/build-tests.log 2>&1 && cd build/gpu && \
+   ctest -R "AdamWSegments|FusedAdamW|FusedOptimizers|CapturedStep|LlamaFusedOps|ResNetKernels" \
    --output-on-failure > "$OUT/tests.log" 2>&1)
 echo "tests rc=$? at $SECONDS s"; grep -E "tests passed|Failed|FAILED" "$OUT/tests.log" | head
 lb() {  # lb TREE NAME FLAGS...
