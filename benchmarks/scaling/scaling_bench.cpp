@@ -54,6 +54,23 @@ extern char** environ;  // POSIX: the process's environment
 
 namespace {
 
+/// --unfuse's comma-separated names, each one of `known` (`model`'s fusions).
+std::set<std::string> fusions_to_leave_out(const examples::Flags& flags, const std::set<std::string>& known,
+                                           const std::string& model) {
+  const std::string list = flags.str("unfuse");
+  std::set<std::string> names;
+  for (std::size_t start = 0, end = 0; start < list.size(); start = end + 1) {
+    end = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, end - start);
+    if (known.count(name) == 0) {
+      flags.fail(
+          fmt::format("--unfuse for {} takes {}, comma-separated; got '{}'", model, fmt::join(known, ", "), name));
+    }
+    names.insert(name);
+  }
+  return names;
+}
+
 /// `text` as a JSON string literal.
 std::string json_string(const std::string& text) {
   std::string out = "\"";
@@ -238,10 +255,9 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
   const ddp::FusedBatchNormPath path =
       flags.on("unfused") ? ddp::FusedBatchNormPath::kAten : resnet::parse_batch_norm_path(flags.str("bn"));
   model->set_batch_norm_path(path);
-  const std::string unfuse = flags.str("unfuse");
-  if (!unfuse.empty() && unfuse != "max-pool")
-    flags.fail("--unfuse for ResNet-50 takes max-pool; got '" + unfuse + "'");
-  model->fused_max_pool = !flags.on("unfused") && unfuse.empty();
+  const std::set<std::string> unfuse = fusions_to_leave_out(flags, {"max-pool", "shortcut-gradient"}, "ResNet-50");
+  model->fused_max_pool = !flags.on("unfused") && unfuse.count("max-pool") == 0;
+  model->set_join_shortcut_gradients(!flags.on("unfused") && unfuse.count("shortcut-gradient") == 0);
   model->to(device);
   resnet::to_channels_last(*model);
   auto ddp_model = std::make_shared<ddp::DistributedDataParallel<resnet::ResNet>>(model, process_group, options);
@@ -264,7 +280,7 @@ Workload resnet50_workload(const examples::Flags& flags, std::int64_t batch,
       "\"model\": \"resnet50\", \"preset\": null, \"seq\": null, \"image_size\": {}, \"fp8_scaling\": null, "
       "\"fp8_fast_accum\": null, \"fused_kernels\": {}, \"bn\": \"{}\", \"sync_bn\": {}, \"unfuse\": \"{}\"",
       image, path != ddp::FusedBatchNormPath::kAten && ddp::fused_batch_norm_path_built(path) && device.is_cuda(),
-      flags.on("unfused") ? "aten" : flags.str("bn"), sync_bn, unfuse);
+      flags.on("unfused") ? "aten" : flags.str("bn"), sync_bn, flags.str("unfuse"));
   return workload;
 }
 
@@ -280,17 +296,8 @@ Workload llama_workload(const examples::Flags& flags, std::int64_t batch,
   }
   if (flags.given("seq")) config.max_seq_len = flags.integer("seq");
   const bool unfused = flags.on("unfused");
-  const std::string unfuse_list = flags.str("unfuse");
-  std::set<std::string> unfuse;
-  for (std::size_t start = 0, end = 0; start < unfuse_list.size(); start = end + 1) {
-    end = std::min(unfuse_list.find(',', start), unfuse_list.size());
-    const std::string name = unfuse_list.substr(start, end - start);
-    if (name != "loss" && name != "residual-norm" && name != "fp32-weight-gradients" && name != "qkv") {
-      flags.fail("--unfuse takes loss, residual-norm, fp32-weight-gradients and qkv, comma-separated; got '" + name +
-                 "'");
-    }
-    unfuse.insert(name);
-  }
+  const std::set<std::string> unfuse =
+      fusions_to_leave_out(flags, {"loss", "residual-norm", "fp32-weight-gradients", "qkv"}, "LLaMA");
   if (unfused) llama::use_reference_ops(config);
   if (flags.on("repeat-kv-heads")) config.repeat_kv_heads = true;
   if (unfuse.count("residual-norm") != 0) config.fused_residual_norm = false;
@@ -381,7 +388,9 @@ int main(int argc, char** argv) try {
            "fusions to leave out, comma-separated, for the A/B of each; LLaMA: loss (ops::cross_entropy), "
            "residual-norm (the residual add in the norm's kernel), fp32-weight-gradients "
            "(ddp::Float8Options::fp32_weight_gradients), qkv (wq, wk, wv as three layers); ResNet-50: max-pool "
-           "(torch::max_pool2d, not resnet::max_pool2d's kernels); --unfused leaves out every fusion")
+           "(torch::max_pool2d, not resnet::max_pool2d's kernels), shortcut-gradient (a block's input gradient "
+           "summed by autograd's add, not in conv1's GEMM: resnet::conv1x1_and_shortcut); --unfused leaves out "
+           "every fusion")
       .add_switch("repeat-kv-heads",
                   "LLaMA: grouped-query attention by repeating the key/value heads (as PyTorch's reference model), "
                   "not by SDPA's grouped heads (the A/B of that alone; --unfused implies it)")

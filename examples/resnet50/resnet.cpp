@@ -1,9 +1,12 @@
 #include "resnet.h"
 
+#include <tuple>
+
 #include <ddp/batch_norm.h>
 #include <ddp/sync_batch_norm.h>
 
 #include "max_pool.h"
+#include "shortcut_join.h"
 
 namespace resnet {
 namespace {
@@ -81,12 +84,17 @@ BottleneckImpl::BottleneckImpl(int64_t in_channels, int64_t width, int64_t strid
 }
 
 torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
-  torch::Tensor identity = x;
+  torch::Tensor opened, identity = x;
+  if (join_shortcut_gradient) {
+    std::tie(opened, identity) = conv1x1_and_shortcut(x, conv1->weight);
+  } else {
+    opened = conv1(x);
+  }
   if (downsample) {
     auto modules = downsample->begin();  // a convolution, then its BatchNorm (no ReLU)
-    identity = normalize(modules[1], modules[0].forward(x), {}, false, batch_norm_path);
+    identity = normalize(modules[1], modules[0].forward(identity), {}, false, batch_norm_path);
   }
-  torch::Tensor out = normalize(bn1, conv1(x), {}, true, batch_norm_path);
+  torch::Tensor out = normalize(bn1, opened, {}, true, batch_norm_path);
   out = normalize(bn2, conv2(out), {}, true, batch_norm_path);
   return normalize(bn3, conv3(out), identity, true, batch_norm_path);
 }
@@ -131,6 +139,12 @@ void ResNetImpl::set_batch_norm_path(ddp::FusedBatchNormPath path) {
   batch_norm_path = path;
   for (auto& module : modules(/*include_self=*/false)) {
     if (auto* block = module->as<Bottleneck>()) block->batch_norm_path = path;
+  }
+}
+
+void ResNetImpl::set_join_shortcut_gradients(bool join) {
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* block = module->as<Bottleneck>()) block->join_shortcut_gradient = join;
   }
 }
 

@@ -29,6 +29,9 @@ struct BottleneckImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x);
 
   ddp::FusedBatchNormPath batch_norm_path = ddp::FusedBatchNormPath::kAuto;  ///< See normalize().
+  /// conv1 and the shortcut through conv1x1_and_shortcut: conv1's input
+  /// gradient adds the shortcut's in its GEMM, not in a separate add.
+  bool join_shortcut_gradient = true;
 
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
   torch::nn::AnyModule bn1, bn2, bn3;
@@ -45,6 +48,8 @@ struct ResNetImpl : torch::nn::Module {
   /// Which kernels BatchNorm, add and ReLU run on in training: ddp::fused_batch_norm's
   /// (kAuto, the default, kCudnn, kLibddp) or ATen's separate ops (kAten).
   void set_batch_norm_path(ddp::FusedBatchNormPath path);
+  /// Every block's BottleneckImpl::join_shortcut_gradient.
+  void set_join_shortcut_gradients(bool join);
 
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::AnyModule bn1;

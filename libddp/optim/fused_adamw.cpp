@@ -3,14 +3,72 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 
 #include "compat/torch_compat.h"
 #include "optim/fused_step.h"
+#ifdef DDP_WITH_CUDA_KERNELS
+#include "optim/adamw_segments.h"
+#endif
 
 namespace ddp::optim {
+namespace {
+
+/// The tensors of one fused kernel call: one device and dtype.
+struct Lists {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  std::vector<double> steps;
+};
+
+#ifdef DDP_WITH_CUDA_KERNELS
+/// Whether libddp's own AdamW kernel takes `list`: fp32 parameters, fp32
+/// gradients and moments, all contiguous (each parameter one run of
+/// elements).
+bool own_kernel_takes(const Lists& list) {
+  for (std::size_t i = 0; i < list.params.size(); ++i) {
+    for (const at::Tensor* t : {&list.params[i], &list.grads[i], &list.exp_avgs[i], &list.exp_avg_sqs[i]}) {
+      if (t->scalar_type() != at::kFloat || !t->is_contiguous()) return false;
+    }
+  }
+  return true;
+}
+
+/// libddp's AdamW kernel over `list` (own_kernel_takes), with `steps` the
+/// device step counts in the list's order and `lr` a number or, capturable,
+/// a 0-dim device tensor.
+template <typename LearningRate>
+void own_kernel_step(const Lists& list, const at::Tensor& steps, const LearningRate& lr,
+                     const torch::optim::AdamWOptions& options, const at::Tensor& found_inf) {
+  std::vector<ddp::detail::AdamWSegment> segments(list.params.size());
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    auto& segment = segments[i];
+    segment.param = list.params[i].data_ptr<float>();
+    segment.exp_avg = list.exp_avgs[i].data_ptr<float>();
+    segment.exp_avg_sq = list.exp_avg_sqs[i].data_ptr<float>();
+    segment.grad = list.grads[i].data_ptr<float>();
+    segment.step = steps.data_ptr<float>() + i;
+    segment.numel = list.params[i].numel();
+  }
+  ddp::detail::AdamWHyper hyper;
+  if constexpr (std::is_same_v<LearningRate, double>) {
+    hyper.lr_value = static_cast<float>(lr);
+  } else {
+    hyper.lr = lr.template data_ptr<float>();
+  }
+  hyper.beta1 = static_cast<float>(std::get<0>(options.betas()));
+  hyper.beta2 = static_cast<float>(std::get<1>(options.betas()));
+  hyper.weight_decay = static_cast<float>(options.weight_decay());
+  hyper.eps = static_cast<float>(options.eps());
+  hyper.found_inf = found_inf.defined() ? found_inf.data_ptr<float>() : nullptr;
+  ddp::detail::adamw_segments_step(std::move(segments), hyper, list.params.front().device());
+}
+#endif
+
+}  // namespace
 
 void FusedAdamW::prepare_replay() {
   if (!capture_) return;
@@ -71,10 +129,6 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
     auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
     // The kernel takes tensors of one device and dtype per call.
-    struct Lists {
-      std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
-      std::vector<double> steps;
-    };
     std::map<std::tuple<c10::DeviceIndex, c10::ScalarType>, Lists> lists;
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
@@ -130,12 +184,18 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
           if (capture_) capture_->steps[key] = steps;
         }
       }
-      std::vector<at::Tensor> step_views;
-      for (int64_t i = 0; i < steps.numel(); ++i) step_views.push_back(steps[i]);
       const auto [beta1, beta2] = options.betas();
       // The learning rate as a number, or (capturable) as a device tensor.
       // Structured bindings are captured by name: C++17 lambdas cannot capture them.
       const auto run = [&, &list = list, beta1 = beta1, beta2 = beta2](const auto& lr) {
+#ifdef DDP_WITH_CUDA_KERNELS
+        if (own_kernel_takes(list)) {
+          own_kernel_step(list, steps, lr, options, found_inf);
+          return;
+        }
+#endif
+        std::vector<at::Tensor> step_views;
+        for (int64_t i = 0; i < steps.numel(); ++i) step_views.push_back(steps[i]);
         at::_fused_adamw_(list.params, list.grads, list.exp_avgs, list.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, step_views,
                           lr, beta1, beta2, options.weight_decay(), options.eps(), /*amsgrad=*/false,
                           /*maximize=*/false, /*grad_scale=*/std::nullopt, detail::skip_flag(found_inf));

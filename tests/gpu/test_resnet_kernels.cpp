@@ -1,15 +1,21 @@
 // ResNet-50's max-pooling kernels (examples/resnet50/max_pool_kernels.cu)
 // against ATen's max_pool2d: the same values and the same gradients, bit for
 // bit (the same elements win, ties and NaN included, and gradients are summed
-// in ATen's order), in each dtype, vectorized and not.
+// in ATen's order), in each dtype, vectorized and not. And the blocks' joined
+// shortcut gradient (shortcut_join.h) against autograd's sum.
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ddp/precision.h>
+
 #include "max_pool.h"
+#include "resnet.h"
+#include "shortcut_join.h"
 
 namespace {
 
@@ -90,6 +96,54 @@ TEST(ResNetKernels, MaxPoolLeavesOtherInputsToAten) {
   EXPECT_FALSE(resnet::max_pool2d_fused(nchw.contiguous(torch::MemoryFormat::ChannelsLast), 17, 1, 8))
       << "17 x 17 windows do not fit a byte's offsets";
   EXPECT_TRUE(torch::equal(resnet::max_pool2d(nchw, 3, 2, 1), torch::max_pool2d(nchw, 3, 2, 1)));
+}
+
+/// The input's and every parameter's gradient of a loss over `block`'s output.
+std::vector<torch::Tensor> block_gradients(resnet::Bottleneck& block, const torch::Tensor& input,
+                                           const ddp::PrecisionPolicy& policy) {
+  block->zero_grad();
+  const torch::Tensor x = input.detach().clone().requires_grad_();
+  {
+    ddp::PrecisionGuard guard(policy, kGpu);
+    const torch::Tensor y = block->forward(x).to(torch::kFloat);
+    (y * torch::linspace(-1, 1, y.numel(), y.options()).view_as(y)).sum().backward();
+  }
+  std::vector<torch::Tensor> grads{x.grad().to(torch::kFloat)};
+  for (const auto& p : block->parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+// On the GPU conv1's input gradient is a cuBLAS GEMM that adds the
+// shortcut's gradient, and the BatchNorm is cuDNN's fused one: against
+// autograd's add, equal within fp32's rounding (TF32 off), and within
+// bf16's (which the joined sum rounds once, the add twice).
+TEST(ResNetKernels, JoinedShortcutGradientMatchesAutogradsSum) {
+  for (const auto precision : {ddp::Precision::kFp32, ddp::Precision::kBf16}) {
+    for (const bool downsample : {false, true}) {
+      torch::manual_seed(2);
+      resnet::Bottleneck block(downsample ? 128 : 256, 64, downsample ? 2 : 1);
+      block->to(kGpu);
+      for (auto& p : block->parameters()) {
+        if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+      }
+      const torch::Tensor input = torch::randn({8, downsample ? 128 : 256, 28, 28}, torch::TensorOptions(kGpu))
+                                      .to(precision == ddp::Precision::kBf16 ? torch::kBFloat16 : torch::kFloat)
+                                      .contiguous(torch::MemoryFormat::ChannelsLast);
+      ASSERT_TRUE(resnet::shortcut_join_applies(input, block->conv1->weight));
+      block->join_shortcut_gradient = false;
+      const auto expected = block_gradients(block, input, precision);
+      block->join_shortcut_gradient = true;
+      const auto joined = block_gradients(block, input, precision);
+      const double tolerance = precision == ddp::Precision::kBf16 ? 2e-2 : 1e-4;
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        const double scale = expected[i].abs().max().item<double>();
+        EXPECT_TRUE(torch::allclose(joined[i], expected[i], tolerance, tolerance * scale))
+            << (precision == ddp::Precision::kBf16 ? "bf16" : "fp32") << (downsample ? ", downsampling" : "")
+            << ", gradient " << i << " (0: the input) differs by "
+            << (joined[i] - expected[i]).abs().max().item<double>() << " of " << scale;
+      }
+    }
+  }
 }
 
 }  // namespace
