@@ -53,8 +53,10 @@ QUICK = {
 }
 MODEL_TITLES = {"resnet50": "ResNet-50", "llama": "LLaMA"}
 # What libddp fuses in each model, and where (the rows' "fused_kernels").
-FUSED_OPS = {"resnet50": ("BatchNorm, residual add and ReLU, and max pooling",
-                          "ddp::fused_batch_norm, examples/resnet50/max_pool_kernels.cu"),
+FUSED_OPS = {"resnet50": ("BatchNorm, residual add and ReLU, max pooling, and each block's input gradient summed in "
+                          "its first convolution's GEMM",
+                          "ddp::fused_batch_norm, examples/resnet50/max_pool_kernels.cu, "
+                          "examples/resnet50/shortcut_join.cpp"),
              "llama": ("RMSNorm (with the residual add), RoPE (with the split of one q/k/v projection), SwiGLU "
                        "and cross entropy", "examples/llama/fused_kernels.cu")}
 
