@@ -22,8 +22,10 @@ if [[ "${1:-}" == "--cuda" ]] && ! python3 -c 'import torch' 2>/dev/null; then
   echo "setup: installing torch (CUDA) for python3 from PyPI"
   python3 -m pip install --quiet torch
 fi
-frontend_header=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/include/cudnn_frontend.h
-if [[ "${1:-}" == "--cuda" && ! -e "$frontend_header" ]]; then
-  echo "setup: installing cudnn-frontend's headers for python3 from PyPI"
-  python3 -m pip install --quiet nvidia-cudnn-frontend
+if [[ "${1:-}" == "--cuda" ]]; then
+  frontend_header=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/include/cudnn_frontend.h
+  if [[ ! -e "$frontend_header" ]]; then
+    echo "setup: installing cudnn-frontend's headers for python3 from PyPI"
+    python3 -m pip install --quiet nvidia-cudnn-frontend
+  fi
 fi

@@ -10,7 +10,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-/// [N, C, H, W] channels_last as the [N * H * W, C] matrix its memory is.
 /// [N, C, H, W] channels_last-contiguous as the [N * H * W, C] matrix its
 /// memory is: a view, which in-place writes go through.
 torch::Tensor rows(const torch::Tensor& t) { return t.permute({0, 2, 3, 1}).view({-1, t.size(1)}); }
