@@ -102,10 +102,8 @@ __global__ void __launch_bounds__(kThreads)
 // One thread per N channels of an input pixel: it gathers from the (at most
 // ceil(kernel / stride)^2) windows that contain it, in ATen's order, so the
 // fp32 sums round as ATen's do. A pixel in one window only takes its
-// gradient as is (ATen's shortcut, which keeps a -0). kSpan: the most
-// windows along an axis where the launch fixed it (ResNet's 2, so the four
-// windows' loads issue together), else 0.
-template <typename T, int N, int kSpan>
+// gradient as is (ATen's shortcut, which keeps a -0).
+template <typename T, int N>
 __global__ void __launch_bounds__(kThreads)
     max_pool_backward_kernel(const T* __restrict__ grad_y, const uint8_t* __restrict__ offsets, T* __restrict__ grad_x,
                              const PoolShape s, uint32_t threads) {
@@ -125,14 +123,8 @@ __global__ void __launch_bounds__(kThreads)
       sum[k] = 0;
       single.v[k] = from_float<T>(0);
     }
-#pragma unroll
-    for (int dr = 0; dr < (kSpan > 0 ? kSpan : last_row - first_row); ++dr) {
-      const int row = first_row + dr;
-      if (row >= last_row) continue;
-#pragma unroll
-      for (int dc = 0; dc < (kSpan > 0 ? kSpan : last_col - first_col); ++dc) {
-        const int col = first_col + dc;
-        if (col >= last_col) continue;
+    for (int row = first_row; row < last_row; ++row) {
+      for (int col = first_col; col < last_col; ++col) {
         const int64_t o = ((int64_t{in.n} * s.out_height + row) * s.out_width + col) * s.channels + in.c;
         const Pack<uint8_t, N> at = *reinterpret_cast<const Pack<uint8_t, N>*>(offsets + o);
         const Pack<T, N> g = *reinterpret_cast<const Pack<T, N>*>(grad_y + o);
@@ -150,6 +142,75 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < N; ++k) result.v[k] = one_window ? single.v[k] : from_float<T>(sum[k]);
     *reinterpret_cast<Pack<T, N>*>(grad_x + ((int64_t{in.n} * s.height + in.row) * s.width + in.col) * s.channels +
                                    in.c) = result;
+  }
+}
+
+// ResNet's window (3x3, stride 2, padding 1): input row 2m lies in window
+// row m only, row 2m + 1 in rows m and m + 1, and columns alike. One thread
+// per N channels of a 2x2 tile of input pixels (rows 2m, 2m + 1, columns 2p,
+// 2p + 1) loads the four windows (m, m + 1) x (p, p + 1) once for the four
+// pixels, where a thread per pixel loads each window nine times over. Each
+// pixel's sum is the gather's above, in its order.
+template <typename T, int N>
+__global__ void __launch_bounds__(kThreads)
+    max_pool_backward_tile_kernel(const T* __restrict__ grad_y, const uint8_t* __restrict__ offsets,
+                                  T* __restrict__ grad_x, const PoolShape s, uint32_t threads) {
+  for (uint32_t i = blockIdx.x * kThreads + threadIdx.x; i < threads; i += gridDim.x * kThreads) {
+    const Place tile = place<N>(i, static_cast<uint32_t>(s.channels), (s.height + 1) / 2, (s.width + 1) / 2);
+    Pack<T, N> g[2][2];
+    Pack<uint8_t, N> at[2][2];
+    bool present[2][2];  // windows past the output's last row or column hold no pixel of the tile
+#pragma unroll
+    for (int dr = 0; dr < 2; ++dr) {
+#pragma unroll
+      for (int dc = 0; dc < 2; ++dc) {
+        const int row = tile.row + dr, col = tile.col + dc;
+        present[dr][dc] = row < s.out_height && col < s.out_width;
+        if (!present[dr][dc]) continue;
+        const int64_t o = ((int64_t{tile.n} * s.out_height + row) * s.out_width + col) * s.channels + tile.c;
+        g[dr][dc] = *reinterpret_cast<const Pack<T, N>*>(grad_y + o);
+        at[dr][dc] = *reinterpret_cast<const Pack<uint8_t, N>*>(offsets + o);
+      }
+    }
+#pragma unroll
+    for (int pr = 0; pr < 2; ++pr) {
+      const int row = 2 * tile.row + pr;
+      if (row >= s.height) continue;
+#pragma unroll
+      for (int pc = 0; pc < 2; ++pc) {
+        const int col = 2 * tile.col + pc;
+        if (col >= s.width) continue;
+        float sum[N];
+        Pack<T, N> single;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+          sum[k] = 0;
+          single.v[k] = from_float<T>(0);
+        }
+        int windows = 0;
+        // Pixel (row, col) lies in window rows tile.row .. tile.row + pr and columns alike.
+#pragma unroll
+        for (int dr = 0; dr <= pr; ++dr) {
+#pragma unroll
+          for (int dc = 0; dc <= pc; ++dc) {
+            if (!present[dr][dc]) continue;
+            ++windows;
+            const auto here = static_cast<uint8_t>((row + 1 - 2 * (tile.row + dr)) * 3 + col + 1 - 2 * (tile.col + dc));
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+              if (at[dr][dc].v[k] != here) continue;
+              sum[k] += to_float(g[dr][dc].v[k]);
+              single.v[k] = g[dr][dc].v[k];
+            }
+          }
+        }
+        Pack<T, N> result;
+#pragma unroll
+        for (int k = 0; k < N; ++k) result.v[k] = windows == 1 ? single.v[k] : from_float<T>(sum[k]);
+        *reinterpret_cast<Pack<T, N>*>(grad_x + ((int64_t{tile.n} * s.height + row) * s.width + col) * s.channels +
+                                       tile.c) = result;
+      }
+    }
   }
 }
 
@@ -171,8 +232,11 @@ uint32_t thread_count(const at::Tensor& x, const at::Tensor& y, int64_t elements
   return static_cast<uint32_t>(elements / pack);
 }
 
-/// ResNet's 3x3 windows at stride 2, which the kernels unroll (any padding).
+/// ResNet's 3x3 windows at stride 2, which the forward kernel unrolls (any padding).
 bool resnets_window(const PoolWindow& window) { return window.kernel == 3 && window.stride == 2; }
+
+/// ResNet's window with its padding of 1, which the backward takes in 2x2 tiles.
+bool resnets_padded_window(const PoolWindow& window) { return resnets_window(window) && window.padding == 1; }
 
 PoolShape shape_of(at::IntArrayRef input_sizes, const PoolWindow& window, const char* what) {
   TORCH_CHECK(input_sizes.size() == 4, what, ": a 4-D input [N, C, H, W] expected, got ", input_sizes);
@@ -238,8 +302,10 @@ at::Tensor max_pool_backward(const at::Tensor& grad_y, const at::Tensor& offsets
   with_pack(grad_y.scalar_type(), s.channels, {grad_y.data_ptr(), grad_x.data_ptr()}, what, [&](auto type, auto pack) {
     using T = typename decltype(type)::type;
     constexpr int N = decltype(pack)::value;
-    const uint32_t threads = thread_count(grad_x, grad_y, grad_x.numel(), N, what);
-    const auto kernel = resnets_window(window) ? max_pool_backward_kernel<T, N, 2> : max_pool_backward_kernel<T, N, 0>;
+    const bool tiles = resnets_padded_window(window);
+    const int64_t places = tiles ? s.batch * ((s.height + 1) / 2) * ((s.width + 1) / 2) * s.channels : grad_x.numel();
+    const uint32_t threads = thread_count(grad_x, grad_y, places, N, what);
+    const auto kernel = tiles ? max_pool_backward_tile_kernel<T, N> : max_pool_backward_kernel<T, N>;
     kernel<<<blocks_for(threads), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         static_cast<const T*>(grad_y.data_ptr()), offsets.data_ptr<uint8_t>(), static_cast<T*>(grad_x.data_ptr()), s,
         threads);
