@@ -1,6 +1,7 @@
 #include "resnet.h"
 
 #include <tuple>
+#include <vector>
 
 #include <ddp/batch_norm.h>
 #include <ddp/sync_batch_norm.h>
@@ -28,14 +29,21 @@ torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::Pro
 
 namespace {
 
-/// Layer `bn` (BatchNorm2d or SyncBatchNorm, which share their members) in
-/// training through ddp::fused_batch_norm, if its momentum is a number (kAten:
-/// the module's own ops, then add and ReLU).
+/// Whether `bn` (BatchNorm2d or SyncBatchNorm, which share their members)
+/// runs through ddp::fused_batch_norm: in training, with running statistics
+/// at a fixed momentum.
+template <typename Norm>
+bool fusable(const Norm& bn) {
+  return bn.is_training() && bn.options.track_running_stats() && bn.options.momentum().has_value();
+}
+
+/// Layer `bn` through ddp::fused_batch_norm where fusable() (kAten: the
+/// module's own ops, then add and ReLU). Its num_batches_tracked is left to
+/// ResNetImpl::forward.
 template <typename Norm>
 bool fuse(Norm& bn, const torch::Tensor& x, const torch::Tensor& residual, bool relu, ddp::FusedBatchNormPath path,
           const std::shared_ptr<ddp::ProcessGroup>& sync_group, torch::Tensor& y) {
-  if (!bn.is_training() || !bn.options.track_running_stats() || !bn.options.momentum().has_value()) return false;
-  bn.num_batches_tracked += 1;  // as the module's own forward counts them
+  if (!fusable(bn)) return false;
   y = ddp::fused_batch_norm(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, residual,
                             ddp::FusedBatchNormOptions()
                                 .momentum(bn.options.momentum().value())
@@ -128,11 +136,26 @@ ResNetImpl::ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
 }
 
 torch::Tensor ResNetImpl::forward(torch::Tensor x) {
+  count_fused_batches();
   x = normalize(bn1, conv1(x), {}, true, batch_norm_path);
   x = fused_max_pool ? max_pool2d(x, 3, 2, 1) : torch::max_pool2d(x, 3, 2, 1);
   for (auto layer : {layer1, layer2, layer3, layer4}) x = layer->forward(x);
   x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
   return fc(x);
+}
+
+void ResNetImpl::count_fused_batches() {
+  // As each module's own forward counts its batch, in one kernel for all of them where a kernel each would cost a
+  // launch per layer (53 in ResNet-50).
+  std::vector<torch::Tensor> counters;
+  for (auto& module : modules(/*include_self=*/false)) {
+    if (auto* plain = module->as<torch::nn::BatchNorm2d>(); plain && fusable(*plain)) {
+      counters.push_back(plain->num_batches_tracked);
+    } else if (auto* sync = module->as<ddp::SyncBatchNorm>(); sync && fusable(*sync)) {
+      counters.push_back(sync->num_batches_tracked);
+    }
+  }
+  if (!counters.empty()) at::_foreach_add_(counters, 1);
 }
 
 void ResNetImpl::set_batch_norm_path(ddp::FusedBatchNormPath path) {

@@ -18,14 +18,16 @@ torch::nn::AnyModule batch_norm(int64_t channels, const std::shared_ptr<ddp::Pro
 
 /// relu?(norm(x) + residual?): a BatchNorm2d or SyncBatchNorm (with its
 /// group) in training goes through ddp::fused_batch_norm on `path` (fused
-/// kernels on CUDA, ATen's ops elsewhere and for kAten); anything else runs
-/// as the module, then add and ReLU.
+/// kernels on CUDA, ATen's ops elsewhere and for kAten) and leaves its
+/// num_batches_tracked to the caller (ResNetImpl::count_fused_batches);
+/// anything else runs as the module, then add and ReLU.
 torch::Tensor normalize(torch::nn::AnyModule& norm, const torch::Tensor& x, const torch::Tensor& residual, bool relu,
                         ddp::FusedBatchNormPath path);
 
 struct BottleneckImpl : torch::nn::Module {
   BottleneckImpl(int64_t in_channels, int64_t width, int64_t stride,
                  const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
+  /// Leaves the fused layers' batch counts to ResNetImpl::count_fused_batches.
   torch::Tensor forward(torch::Tensor x);
 
   ddp::FusedBatchNormPath batch_norm_path = ddp::FusedBatchNormPath::kAuto;  ///< See normalize().
@@ -45,6 +47,9 @@ struct ResNetImpl : torch::nn::Module {
   ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
              const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
   torch::Tensor forward(torch::Tensor x);
+  /// num_batches_tracked += 1 for every BatchNorm layer that normalize()
+  /// fuses, in one kernel (forward() calls it first).
+  void count_fused_batches();
   /// Which kernels BatchNorm, add and ReLU run on in training: ddp::fused_batch_norm's
   /// (kAuto, the default, kCudnn, kLibddp) or ATen's separate ops (kAten).
   void set_batch_norm_path(ddp::FusedBatchNormPath path);

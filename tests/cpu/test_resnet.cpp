@@ -1,5 +1,5 @@
 // The bundled ResNet-50 is torchvision's (same parameter count and names), and its
-// joined shortcut gradient equals autograd's sum.
+// joined shortcut gradient equals autograd's sum; each BatchNorm layer counts its batches once.
 
 #include <map>
 #include <string>
@@ -63,4 +63,26 @@ TEST(ResNet50, JoinedShortcutGradientEqualsAutogradsSum) {
   }
   // Not channels_last: conv1 and the input itself, unjoined.
   EXPECT_FALSE(resnet::shortcut_join_applies(torch::randn({2, 64, 8, 8}), torch::randn({16, 64, 1, 1})));
+}
+
+// Each BatchNorm layer counts a training batch once, as its own forward would:
+// the fused layers in ResNetImpl's one add, a layer with a cumulative average
+// (no momentum) in its module's forward, a layer in eval mode not at all.
+TEST(ResNet50, CountsEachBatchNormsBatchesOnce) {
+  resnet::ResNet model(std::vector<int64_t>{1, 1, 1, 1}, 10);
+  model->train();
+  auto* cumulative = model->bn1.ptr()->as<torch::nn::BatchNorm2d>();
+  cumulative->options.momentum({});  // none: a cumulative average
+  auto* frozen = model->layer4[0]->as<resnet::Bottleneck>()->bn2.ptr()->as<torch::nn::BatchNorm2d>();
+  frozen->eval();
+  const torch::Tensor input = torch::randn({2, 3, 32, 32}).contiguous(torch::MemoryFormat::ChannelsLast);
+  for (int step = 0; step < 2; ++step) model->forward(input);
+  int64_t layers = 0;
+  for (const auto& module : model->modules(/*include_self=*/false)) {
+    auto* bn = module->as<torch::nn::BatchNorm2d>();
+    if (bn == nullptr) continue;
+    ++layers;
+    EXPECT_EQ(bn->num_batches_tracked.item<int64_t>(), bn == frozen ? 0 : 2) << "BatchNorm layer " << layers;
+  }
+  EXPECT_EQ(layers, 17);
 }
