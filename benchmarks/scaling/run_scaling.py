@@ -199,7 +199,11 @@ def command_output(command):
 
 
 def git_commit():
-    return os.environ.get("DDP_GIT_COMMIT") or command_output(["git", "-C", REPO, "rev-parse", "HEAD"]) or "unknown"
+    """DDP_GIT_COMMIT, else HEAD with "-dirty" where the tracked files differ from it: a copy of a tree whose git
+    metadata is older than its files (as on a machine the tree was copied to) must not pass for that commit."""
+    return (os.environ.get("DDP_GIT_COMMIT")
+            or command_output(["git", "-C", REPO, "describe", "--always", "--dirty", "--exclude=*", "--abbrev=40"])
+            or "unknown")
 
 
 def first_exception(lines):

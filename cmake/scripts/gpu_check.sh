@@ -17,7 +17,8 @@ wanted=("$@")
 mkdir -p "$out"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
-export DDP_GIT_COMMIT=${DDP_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# "-dirty" where the tracked files differ from HEAD (a copied tree with older git metadata, uncommitted changes).
+export DDP_GIT_COMMIT=${DDP_GIT_COMMIT:-$(git describe --always --dirty --exclude='*' 2>/dev/null || echo unknown)}
 status=0
 step() {  # step NAME COMMAND...: runs, logs to OUT/NAME.log, remembers failure
   local name=$1; shift
