@@ -206,6 +206,12 @@ def git_commit():
             or "unknown")
 
 
+def short_commit(commit):
+    """A commit's first 12 hex digits, its "-dirty" kept."""
+    head, dirty, _ = commit.partition("-dirty")
+    return head[:12] + dirty
+
+
 def first_exception(lines):
     """The exception line of the first Python traceback in `lines` (the first unindented line after it), or None."""
     for i, line in enumerate(lines):
@@ -615,7 +621,7 @@ def svg(report, args):
            f'viewBox="0 0 {total_w} {total_h}" font-family="sans-serif">',
            f'<rect width="{total_w}" height="{total_h}" fill="white"/>',
            text(total_w / 2, 20, f"libddp vs PyTorch DDP (eager, compiled) scaling, {run['gpu_name']}", 16, extra='font-weight="bold"'),
-           text(total_w / 2, 36, f"{run['date_utc']}, commit {run['commit'][:12]}, PyTorch {run.get('torch_version')}",
+           text(total_w / 2, 36, f"{run['date_utc']}, commit {short_commit(run['commit'])}, PyTorch {run.get('torch_version')}",
                 11, extra='fill="#555"')]
     if not models:
         out.append(text(total_w / 2, header_h + 40, "no configuration was measured", 14))

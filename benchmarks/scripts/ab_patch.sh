@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # A/B of a patch on the GPU machine: this tree ("base") against a copy with PATCH applied ("patched"), in one lease.
-# Builds scaling_bench and ddprun in both (the copy as it is, without .git or build/), runs the given test regex in
-# the patched tree, then each --run's scaling_bench arguments in both trees, alternating, for --rounds rounds, and
-# with --profile one profiled replay of the first --run in each, diffed by kernel. Results under $OUT: rows.jsonl
-# (every row; the last line of each run is its own), tests.log, diff.txt, patched.json.gz.
+# Builds scaling_bench and ddprun in both (incrementally where an earlier call left a build), runs the given test
+# regex in the patched tree, then each --run's scaling_bench arguments in both trees, alternating, for --rounds
+# rounds, and with --profile one profiled replay of the first --run in each, diffed by kernel. Results under $OUT:
+# one rows-TREE-runI-roundR.jsonl per run (and rows-TREE-profiled.jsonl), tests.log, diff.txt, patched.json.gz; the
+# profiled replays' traces stay in /tmp/ab-base.json and /tmp/ab-patched.json.
 #
 #   OUT=/tmp/out bash benchmarks/scripts/ab_patch.sh PATCH [--reverse] [--rounds N] [--tests REGEX --test-targets "T..."]
 #       [--profile] --run "ARGS" [--run "ARGS" ...]
 #
-# --reverse: PATCH is already in this tree; the copy has it reversed and is the base. A tree built before (a warm
-# machine) is not built again. Prints one line per step with the seconds since the start.
-set -u
+# --reverse: PATCH is already in this tree; the copy has it reversed and is the base. The copy is made afresh from
+# this tree on every call (its build folder kept), in a folder named by the patch's contents and direction. Set
+# DDP_GIT_COMMIT to name the tree in the rows. Prints one line per step with the seconds since the start.
+set -u -o pipefail
 usage() { echo "ab_patch.sh: $1 (see the comment at the top)" >&2; exit 2; }
 [[ $# -ge 1 ]] || usage "PATCH is missing"
 [[ -f $1 ]] || usage "no patch file $1"
@@ -34,52 +36,61 @@ done
 : "${OUT:?set OUT to the results folder}"
 mkdir -p "$OUT"
 here=$PWD
-copy=/tmp/ab-$(basename "$patch_file" .patch)
+direction=(-N)  # forward; -R reverses
+[[ $reverse == 1 ]] && direction=(-R)
+copy=/tmp/ab-$(basename "$patch_file" .patch)-$(sha256sum "$patch_file" | cut -c1-12)${direction[0]}
 if [[ $reverse == 1 ]]; then base=$copy patched=$here; else base=$here patched=$copy; fi
 
-if [[ ! -d $copy ]]; then
-  mkdir -p "$copy" && tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$copy"
-  direction=()
-  [[ $reverse == 1 ]] && direction=(-R)
-  if ! (cd "$copy" && patch -p1 -s "${direction[@]}" < "$patch_file"); then
-    rm -rf "$copy"  # a later call would take an unpatched copy for the patched tree
-    echo "the patch does not apply"
-    exit 1
-  fi
-fi
+# This tree's files as they are now, patched; a build left by an earlier call is kept and brought up to date.
+mkdir -p "$copy"
+find "$copy" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$copy" || { echo "copying the tree failed"; exit 1; }
+(cd "$copy" && patch -p1 -s "${direction[@]}" < "$patch_file") || { echo "the patch does not apply"; exit 1; }
+
 for tree in "$base" "$patched"; do
-  [[ -x $tree/build/gpu/benchmarks/scaling/scaling_bench ]] && continue
-  (cd "$tree" && bash cmake/scripts/configure.sh python build/gpu -DDDP_WARNINGS_AS_ERRORS=ON -DTORCH_CUDA_ARCH_LIST=9.0 \
-     > /tmp/ab-configure.log 2>&1 && cmake --build build/gpu --target scaling_bench ddprun > /tmp/ab-build.log 2>&1)
+  log=/tmp/ab-build-$(basename "$tree").log
+  (cd "$tree" && { [[ -f build/gpu/build.ninja ]] || bash cmake/scripts/configure.sh python build/gpu \
+     -DDDP_WARNINGS_AS_ERRORS=ON -DTORCH_CUDA_ARCH_LIST=9.0; } > "$log" 2>&1 &&
+     cmake --build build/gpu --target scaling_bench ddprun >> "$log" 2>&1)
   rc=$?; echo "build $tree rc=$rc at $SECONDS s"
-  [[ $rc == 0 ]] || { grep -E "error" /tmp/ab-configure.log /tmp/ab-build.log | head -20; exit 1; }
+  [[ $rc == 0 ]] || { grep -E "error|Error" "$log" | head -20; exit 1; }
 done
 if [[ -n $tests ]]; then
   # shellcheck disable=SC2086  # the target names are words
-  (cd "$patched" && cmake --build build/gpu --target $test_targets > /tmp/ab-build-tests.log 2>&1 && cd build/gpu &&
-     timeout 200 ctest -R "$tests" --output-on-failure > "$OUT/tests.log" 2>&1)
-  echo "tests rc=$? at $SECONDS s: $(grep -E "tests passed" "$OUT/tests.log")"
-  grep -E "^\s+[0-9]+ - .*\(Failed|\*\*\*" "$OUT/tests.log" | head
+  if (cd "$patched" && cmake --build build/gpu --target $test_targets > /tmp/ab-build-tests.log 2>&1); then
+    (cd "$patched/build/gpu" && timeout 200 ctest -R "$tests" --output-on-failure > "$OUT/tests.log" 2>&1)
+    echo "tests rc=$? at $SECONDS s: $(grep -E "tests passed" "$OUT/tests.log")"
+    sed -n '/The following tests FAILED/,$p' "$OUT/tests.log" | head
+  else
+    echo "test build failed at $SECONDS s:"; grep -E "error" /tmp/ab-build-tests.log | head -20
+  fi
 fi
 
-bench() {  # bench TREE NAME ARGS...
-  local tree=$1 name=$2; shift 2
+bench() {  # bench TREE ROWS_FILE NAME ARGS: the run's row alone in ROWS_FILE
+  local tree=$1 rows=$2 name=$3; shift 3
+  rm -f "$rows"
   # shellcheck disable=SC2068  # the run's arguments are words
   timeout 180 "$tree/build/gpu/libddp/ddprun" --nproc-per-node 1 --standalone "$tree/build/gpu/benchmarks/scaling/scaling_bench" \
-    --json "$OUT/rows.jsonl" $@ > /tmp/ab-run.log 2>&1
+    --json "$rows" $@ > /tmp/ab-run.log 2>&1
   local rc=$?
-  echo "$name rc=$rc at $SECONDS s $(tail -1 "$OUT/rows.jsonl" | grep -o '"step_ms": [0-9.]*')"
-  [[ $rc == 0 ]] || tail -5 /tmp/ab-run.log
+  if [[ $rc == 0 && -s $rows ]]; then
+    echo "$name rc=0 at $SECONDS s $(grep -o '"step_ms": [0-9.]*' "$rows")"
+  else
+    echo "$name rc=$rc at $SECONDS s, no row:"; tail -5 /tmp/ab-run.log
+    return 1
+  fi
 }
 for round in $(seq "$rounds"); do
   for i in "${!runs[@]}"; do
-    bench "$base" "base run$i round$round" "${runs[$i]}"
-    bench "$patched" "patched run$i round$round" "${runs[$i]}"
+    bench "$base" "$OUT/rows-base-run$i-round$round.jsonl" "base run$i round$round" "${runs[$i]}"
+    bench "$patched" "$OUT/rows-patched-run$i-round$round.jsonl" "patched run$i round$round" "${runs[$i]}"
   done
 done
 if [[ $profile == 1 ]]; then
-  bench "$base" "base run0 profiled" "${runs[0]} --profile-trace /tmp/ab-base.json"
-  bench "$patched" "patched run0 profiled" "${runs[0]} --profile-trace /tmp/ab-patched.json"
+  rm -f /tmp/ab-base.json /tmp/ab-patched.json
+  bench "$base" "$OUT/rows-base-profiled.jsonl" "base run0 profiled" "${runs[0]} --profile-trace /tmp/ab-base.json" &&
+    bench "$patched" "$OUT/rows-patched-profiled.jsonl" "patched run0 profiled" \
+      "${runs[0]} --profile-trace /tmp/ab-patched.json" || exit 1
   python3 benchmarks/scaling/kernel_diff.py --labels base,patched --top 20 --gaps 3 --width 110 /tmp/ab-base.json \
     /tmp/ab-patched.json > "$OUT/diff.txt" 2>&1
   head -2 "$OUT/diff.txt"

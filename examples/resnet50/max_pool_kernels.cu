@@ -29,7 +29,8 @@ struct PoolShape {
 };
 
 /// Thread i's place: batch n, row, column, and its first channel c (N per
-/// thread), rows and columns of the output (forward) or the input (backward).
+/// thread), rows and columns of the output (forward), the input (backward) or
+/// its 2x2 tiles (the tiled backward).
 /// 32-bit: 64-bit divisions are many instructions each (max_pool2d_fused
 /// leaves larger inputs to ATen).
 struct Place {
@@ -223,9 +224,9 @@ int blocks_for(int64_t threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((threads + kThreads - 1) / kThreads, limit)));
 }
 
-/// `elements` / `pack` threads, a 32-bit number with room for the loop's
-/// step past the last, as the kernels count them; x and y (of `elements`)
-/// must both fit.
+/// `elements` / `pack` threads (elements: the places the kernel takes, N
+/// channels each), a 32-bit number with room for the loop's step past the
+/// last, as the kernels count them; x and y must both fit.
 uint32_t thread_count(const at::Tensor& x, const at::Tensor& y, int64_t elements, int pack, const char* what) {
   TORCH_CHECK(x.numel() <= kMaxElements && y.numel() <= kMaxElements, what, ": input ", x.sizes(), " or output ",
               y.sizes(), " has more than the kernels' ", kMaxElements, " elements; use torch::max_pool2d");

@@ -146,7 +146,8 @@ torch::Tensor ResNetImpl::forward(torch::Tensor x) {
 
 void ResNetImpl::count_fused_batches() {
   // As each module's own forward counts its batch, in one kernel for all of them where a kernel each would cost a
-  // launch per layer (53 in ResNet-50).
+  // launch per layer (53 in ResNet-50). A model in eval mode fuses none.
+  if (!is_training()) return;
   std::vector<torch::Tensor> counters;
   for (auto& module : modules(/*include_self=*/false)) {
     if (auto* plain = module->as<torch::nn::BatchNorm2d>(); plain && fusable(*plain)) {

@@ -47,9 +47,6 @@ struct ResNetImpl : torch::nn::Module {
   ResNetImpl(std::vector<int64_t> blocks, int64_t num_classes,
              const std::shared_ptr<ddp::ProcessGroup>& sync_group = nullptr);
   torch::Tensor forward(torch::Tensor x);
-  /// num_batches_tracked += 1 for every BatchNorm layer that normalize()
-  /// fuses, in one kernel (forward() calls it first).
-  void count_fused_batches();
   /// Which kernels BatchNorm, add and ReLU run on in training: ddp::fused_batch_norm's
   /// (kAuto, the default, kCudnn, kLibddp) or ATen's separate ops (kAten).
   void set_batch_norm_path(ddp::FusedBatchNormPath path);
@@ -64,6 +61,11 @@ struct ResNetImpl : torch::nn::Module {
   bool fused_max_pool = true;
   torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
   torch::nn::Linear fc{nullptr};
+
+ private:
+  /// num_batches_tracked += 1 for every BatchNorm layer that normalize()
+  /// fuses, in one kernel (forward() calls it first).
+  void count_fused_batches();
 };
 TORCH_MODULE(ResNet);
 

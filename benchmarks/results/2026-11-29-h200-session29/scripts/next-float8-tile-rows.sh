@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # For the call after next-float8-instructions.sh, on its warm machine (prepared in session 29, not run): the tree of
-# float8-tile-fewer-instructions.patch (that call's copy, already built) against it with
+# float8-tile-fewer-instructions.patch (that call's patched copy, already built) against it with
 # float8-tile-rows-per-input.patch, which gives the multi-input FP8 tiles (SwiGLU and its gradient) 128 rows: four
-# 16-byte loads of each input in flight per thread where they had four in all (ptxas, sm_90: 56-58 -> 80
-# registers, so 4 -> 3 blocks of 256 threads per SM; 64/96 KiB -> 98/147 KiB of loads in flight per SM). The FP8
-# tests of the second, LLaMA-1.1B fp8 captured, alternating, two rounds, and the kernels' bandwidth. About 5 minutes
-# (more if the first call's copy is gone: ab_patch.sh then makes it again).
+# 16-byte loads of each input in flight per thread, where the forward had four and the gradient six in all (ptxas,
+# sm_90: 56-58 -> 80 registers, so 4 -> 3 blocks of 256 threads per SM; loads in flight per SM 64 -> 96 KiB
+# forward, 96 -> 144 KiB gradient). The FP8 tests of the second, LLaMA-1.1B fp8 captured, alternating, two rounds,
+# and the kernels' bandwidth. About 5 minutes (more on a fresh machine, which builds both trees).
 set -u
 : "${OUT:?}"
-here=$PWD/benchmarks/results/2026-11-29-h200-session29/scripts
-first=/tmp/ab-float8-tile-fewer-instructions
-if [[ ! -d "$first" ]]; then
-  mkdir -p "$first" && tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$first"
-  (cd "$first" && patch -p1 -s < "$here"/float8-tile-fewer-instructions.patch) || { rm -rf "$first"; echo "patch A"; exit 1; }
-fi
+repo=$PWD
+here=$repo/benchmarks/results/2026-11-29-h200-session29/scripts
+# ab_patch.sh's name for the first call's copy: the patch's contents, forward.
+first=/tmp/ab-float8-tile-fewer-instructions-$(sha256sum "$here/float8-tile-fewer-instructions.patch" | cut -c1-12)-N
+mkdir -p "$first"
+find "$first" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$first"
+(cd "$first" && patch -p1 -s < "$here/float8-tile-fewer-instructions.patch") || { echo "patch A"; exit 1; }
 cd "$first" || exit 1
-bash benchmarks/scripts/ab_patch.sh "$here"/float8-tile-rows-per-input.patch --tests Float8 \
-  --test-targets ddp_float8_gpu_tests --profile --run "--model llama --steps 12 --warmup 4 --cuda-graph --precision fp8 --fp8-fast-accum"
-python3 "$here"/float8_kernel_bandwidth.py /tmp/ab-patched.json | tee "$OUT/float8-kernels-rows.txt"
+rm -f /tmp/ab-patched.json
+bash "$repo/benchmarks/scripts/ab_patch.sh" "$here/float8-tile-rows-per-input.patch" --tests Float8 \
+  --test-targets ddp_float8_gpu_tests --profile --run "--model llama --steps 12 --warmup 4 --cuda-graph --precision fp8 --fp8-fast-accum" &&
+  python3 "$here/float8_kernel_bandwidth.py" /tmp/ab-patched.json | tee "$OUT/float8-kernels-rows.txt"
