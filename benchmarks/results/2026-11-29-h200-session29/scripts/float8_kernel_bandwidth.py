@@ -4,9 +4,11 @@ SwiGLU forward reads gate and up (bf16) and writes the FP8 data and transpose, 6
 gate and up and writes two FP8 casts with transposes, 10 bytes. The plain casts have several shapes: total only."""
 import collections
 import json
+import os
 import sys
 
-import torch
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../../../scripts"))
+from device_copy_bandwidth import device_copy_tbps  # noqa: E402
 
 ELEMENTS = 4 * 2048 * 5632
 BYTES_PER_ELEMENT = {"SwigluToFloat8": 6, "SwigluGradientsToFloat8": 10}
@@ -18,17 +20,7 @@ for e in json.load(open(sys.argv[1]))["traceEvents"]:
     key = functor or ("Identity cast of fp32" if "float8_tile_kernel<float," in e["name"] else "Identity cast of bf16")
     times[key].append(e["dur"] / 1e3)
 
-x = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-y = torch.empty_like(x)
-for _ in range(3):
-    y.copy_(x)
-start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-start.record()
-for _ in range(20):
-    y.copy_(x)
-end.record()
-torch.cuda.synchronize()
-copy_tbps = 2 * x.numel() / (start.elapsed_time(end) / 20) / 1e9
+copy_tbps = device_copy_tbps()
 print(f"device copy of 256 MiB: {copy_tbps:.2f} TB/s (read + write)")
 for key, values in sorted(times.items()):
     mean = sum(values) / len(values)
