@@ -6,22 +6,24 @@
 # one rows-TREE-runI-roundR.jsonl per run (and rows-TREE-profiled.jsonl), tests.log, diff.txt, patched.json.gz; the
 # profiled replays' traces stay in /tmp/ab-base.json and /tmp/ab-patched.json.
 #
-#   OUT=/tmp/out bash benchmarks/scripts/ab_patch.sh PATCH [--reverse] [--rounds N] [--tests REGEX --test-targets "T..."]
-#       [--profile] --run "ARGS" [--run "ARGS" ...]
+#   OUT=/tmp/out bash benchmarks/scripts/ab_patch.sh PATCH [--reverse | --base-patch BASE_PATCH] [--rounds N]
+#       [--tests REGEX --test-targets "T..."] [--profile] --run "ARGS" [--run "ARGS" ...]
 #
-# --reverse: PATCH is already in this tree; the copy has it reversed and is the base. The copy is made afresh from
-# this tree on every call (its build folder kept), in a folder named by the patch's contents and direction. Set
-# DDP_GIT_COMMIT to name the tree in the rows. Prints one line per step with the seconds since the start.
+# --reverse: PATCH is already in this tree; the copy has it reversed and is the base. --base-patch: both sides get
+# BASE_PATCH first (the base is then a copy too: the one an earlier call made for BASE_PATCH alone, build and all).
+# A copy is made afresh from this tree on every call (its build folder kept), in a folder named by its patches'
+# contents and direction. Set DDP_GIT_COMMIT to name the tree in the rows. Prints one line per step with the seconds since the start.
 set -u -o pipefail
 usage() { echo "ab_patch.sh: $1 (see the comment at the top)" >&2; exit 2; }
 [[ $# -ge 1 ]] || usage "PATCH is missing"
 [[ -f $1 ]] || usage "no patch file $1"
 patch_file=$(realpath "$1")
 shift
-reverse=0 rounds=2 tests="" test_targets="" profile=0 runs=()
+reverse=0 base_patch="" rounds=2 tests="" test_targets="" profile=0 runs=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --reverse) reverse=1 ;;
+    --base-patch) [[ -f ${2:-} ]] || usage "no base patch file ${2:-}"; base_patch=$(realpath "$2"); shift ;;
     --rounds) rounds=${2:?--rounds needs a number}; shift ;;
     --tests) tests=${2:?--tests needs a regex}; shift ;;
     --test-targets) test_targets=${2:?--test-targets needs target names}; shift ;;
@@ -33,19 +35,34 @@ while [[ $# -gt 0 ]]; do
 done
 [[ ${#runs[@]} -gt 0 ]] || usage "no --run"
 [[ -z $tests || -n $test_targets ]] || usage "--tests needs --test-targets (the test executables to build)"
+[[ $reverse == 0 || -z $base_patch ]] || usage "--reverse and --base-patch do not go together"
 : "${OUT:?set OUT to the results folder}"
 mkdir -p "$OUT"
 here=$PWD
-direction=(-N)  # forward; -R reverses
-[[ $reverse == 1 ]] && direction=(-R)
-copy=/tmp/ab-$(basename "$patch_file" .patch)-$(sha256sum "$patch_file" | cut -c1-12)${direction[0]}
-if [[ $reverse == 1 ]]; then base=$copy patched=$here; else base=$here patched=$copy; fi
+direction=-N  # forward; -R reverses
+[[ $reverse == 1 ]] && direction=-R
 
-# This tree's files as they are now, patched; a build left by an earlier call is kept and brought up to date.
-mkdir -p "$copy"
-find "$copy" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$copy" || { echo "copying the tree failed"; exit 1; }
-(cd "$copy" && patch -p1 -s "${direction[@]}" < "$patch_file") || { echo "the patch does not apply"; exit 1; }
+# make_copy PATCH...: prints the copy's folder, named by the last patch and all of their contents, after filling it
+# with this tree's files as they are now and each patch in order; a build left there by an earlier call is kept
+# (and brought up to date below).
+make_copy() {
+  local copy p
+  copy=/tmp/ab-$(basename "${!#}" .patch)-$(cat "$@" | sha256sum | cut -c1-12)$direction
+  mkdir -p "$copy"
+  find "$copy" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+  tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$copy" || { echo "copying the tree failed" >&2; return 1; }
+  for p in "$@"; do
+    (cd "$copy" && patch -p1 -s "$direction" < "$p" >&2) || { echo "$p does not apply" >&2; return 1; }
+  done
+  echo "$copy"
+}
+if [[ $reverse == 1 ]]; then
+  base=$(make_copy "$patch_file") patched=$here || exit 1
+elif [[ -n $base_patch ]]; then
+  base=$(make_copy "$base_patch") && patched=$(make_copy "$base_patch" "$patch_file") || exit 1
+else
+  base=$here patched=$(make_copy "$patch_file") || exit 1
+fi
 
 for tree in "$base" "$patched"; do
   log=/tmp/ab-build-$(basename "$tree").log

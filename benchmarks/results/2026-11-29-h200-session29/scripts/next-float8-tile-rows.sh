@@ -8,16 +8,8 @@
 # and the kernels' bandwidth. About 5 minutes (more on a fresh machine, which builds both trees).
 set -u
 : "${OUT:?}"
-repo=$PWD
-here=$repo/benchmarks/results/2026-11-29-h200-session29/scripts
-# ab_patch.sh's name for the first call's copy: the patch's contents, forward.
-first=/tmp/ab-float8-tile-fewer-instructions-$(sha256sum "$here/float8-tile-fewer-instructions.patch" | cut -c1-12)-N
-mkdir -p "$first"
-find "$first" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-tar --exclude=./build --exclude=./.git -cf - . | tar -xf - -C "$first"
-(cd "$first" && patch -p1 -s < "$here/float8-tile-fewer-instructions.patch") || { echo "patch A"; exit 1; }
-cd "$first" || exit 1
-rm -f /tmp/ab-patched.json
-bash "$repo/benchmarks/scripts/ab_patch.sh" "$here/float8-tile-rows-per-input.patch" --tests Float8 \
-  --test-targets ddp_float8_gpu_tests --profile --run "--model llama --steps 12 --warmup 4 --cuda-graph --precision fp8 --fp8-fast-accum" &&
-  python3 "$here/float8_kernel_bandwidth.py" /tmp/ab-patched.json | tee "$OUT/float8-kernels-rows.txt"
+here=benchmarks/results/2026-11-29-h200-session29/scripts
+bash benchmarks/scripts/ab_patch.sh $here/float8-tile-rows-per-input.patch \
+  --base-patch $here/float8-tile-fewer-instructions.patch --tests Float8 --test-targets ddp_float8_gpu_tests --profile \
+  --run "--model llama --steps 12 --warmup 4 --cuda-graph --precision fp8 --fp8-fast-accum" || exit 1
+python3 $here/float8_kernel_bandwidth.py /tmp/ab-patched.json | tee "$OUT/float8-kernels-rows.txt"
