@@ -58,20 +58,14 @@ constexpr int kTileStrideWords = kTile / 4 + 1;
 /// amax, NaN winning as in ATen's reductions.
 __device__ __forceinline__ int abs_bits(float x) { return __float_as_int(fabsf(x)); }
 
-/// Clamps to [-largest, largest] with comparisons, which keep a NaN (fminf
-/// and fmaxf would replace it).
-__device__ __forceinline__ float saturate(float x, float largest) {
-  x = x > largest ? largest : x;
-  return x < -largest ? -largest : x;
-}
-
 /// ATen's clamp_min: a NaN amax stays NaN (fmaxf would replace it).
 __device__ __forceinline__ float at_least_min_amax(float amax) { return amax < kFloat8MinAmax ? kFloat8MinAmax : amax; }
 
 template <__nv_fp8_interpretation_t kFormat>
 __device__ __forceinline__ uint32_t to_float8x4(float a, float b, float c, float d) {
-  // Rounds to nearest even; SATFINITE maps overflow to the largest finite
-  // value and keeps NaN. The first value lands in the lowest byte.
+  // Rounds to nearest even; SATFINITE maps overflow (infinities included) to
+  // the largest finite value and keeps NaN, so the kernel clamps nothing
+  // itself. The first value lands in the lowest byte.
   const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
   const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kFormat);
   return low | (high << 16);
@@ -198,7 +192,7 @@ __global__ void __launch_bounds__(kThreads)
             if constexpr (kAmax) {
               if (inside) max_bits[o] = max(max_bits[o], abs_bits(y[o]));
             }
-            v[o][i] = saturate(y[o] * scale[o], args.largest);
+            v[o][i] = y[o] * scale[o];
           }
         }
 #pragma unroll

@@ -108,6 +108,7 @@ TEST(Float8Cast, SaturatesAtLargestAndKeepsNaN) {
       x[2][0] = std::numeric_limits<float>::infinity();
       x[3][0] = std::numeric_limits<float>::quiet_NaN();
       x[4][0] = 1;
+      x[5][0] = -std::numeric_limits<float>::infinity();
       const auto scale = torch::full({}, 4.0f, torch::TensorOptions().device(kGpu));
       const float largest = format.largest;
       auto outputs = make_outputs(16, 32, format.dtype, scale);
@@ -118,6 +119,7 @@ TEST(Float8Cast, SaturatesAtLargestAndKeepsNaN) {
       EXPECT_EQ(data[2][0].item<float>(), largest) << what;
       EXPECT_TRUE(std::isnan(data[3][0].item<float>())) << what;
       EXPECT_EQ(data[4][0].item<float>(), 4.0f) << what;
+      EXPECT_EQ(data[5][0].item<float>(), -largest) << what;
       EXPECT_TRUE(std::isnan(outputs.transposed.to(torch::kFloat)[0][3].item<float>())) << what;
       EXPECT_TRUE(std::isnan(outputs.amax.item<float>())) << what << ": the amax of a tensor with a NaN is NaN";
     }
