@@ -58,7 +58,7 @@ FUSED_OPS = {"resnet50": ("BatchNorm, residual add and ReLU, max pooling, and ea
                           "ddp::fused_batch_norm, examples/resnet50/max_pool_kernels.cu, "
                           "examples/resnet50/shortcut_join.cpp"),
              "llama": ("RMSNorm (with the residual add), RoPE (with the split of one q/k/v projection), SwiGLU "
-                       "and cross entropy", "examples/llama/fused_kernels.cu")}
+                       "and cross entropy", "ddp::rms_norm, ddp::add_rms_norm, examples/llama/fused_kernels.cu")}
 
 
 def parse_args():

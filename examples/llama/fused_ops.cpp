@@ -1,14 +1,10 @@
 #include "fused_ops.h"
 
 #include <cstdint>
-#include <optional>
 #include <tuple>
-#include <utility>
 
 #include <torch/autograd.h>
 #include <torch/torch.h>
-
-#include <ddp/precision.h>
 
 #if LLAMA_WITH_CUDA_KERNELS
 #include "fused_kernels.h"
@@ -16,12 +12,6 @@
 
 namespace llama::ops {
 namespace {
-
-torch::Tensor rms_norm_aten(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (normed * weight.to(torch::kFloat)).to(x.scalar_type());
-}
 
 torch::Tensor rotate_pairs_aten(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
   const std::int64_t seq = x.size(1);
@@ -50,53 +40,6 @@ void check_not_differentiated_twice(const char* op) {
               ": the fused backward cannot be differentiated again (create_graph); build the model with "
               "LlamaConfig::fused_kernels = false for higher-order gradients");
 }
-
-struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight, double eps,
-                               c10::ScalarType out_dtype) {
-    // The output is a tensor of its own, not a view, so that callers may
-    // modify it in place as they may the ATen version's.
-    const torch::Tensor input = x.contiguous();
-    const torch::Tensor weight32 = weight.to(torch::kFloat).contiguous();
-    auto [y, rstd] = kernels::rms_norm_forward(input, weight32, eps, out_dtype);
-    ctx->save_for_backward({input, weight32, rstd});
-    ctx->saved_data["weight_dtype"] = weight.scalar_type();
-    return y;
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    check_not_differentiated_twice("rms_norm");
-    const auto saved = ctx->get_saved_variables();
-    auto [grad_x, grad_weight] = kernels::rms_norm_backward(grad_outputs[0].contiguous(), saved[0], saved[1], saved[2]);
-    return {grad_x, grad_weight.to(ctx->saved_data["weight_dtype"].toScalarType()), torch::Tensor(), torch::Tensor()};
-  }
-};
-
-struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& delta,
-                               const torch::Tensor& weight, double eps, c10::ScalarType out_dtype) {
-    const torch::Tensor weight32 = weight.to(torch::kFloat).contiguous();
-    auto [h, y, rstd] = kernels::add_rms_norm_forward(x.contiguous(), delta.contiguous(), weight32, eps, out_dtype);
-    ctx->save_for_backward({h, weight32, rstd});
-    ctx->saved_data["weight_dtype"] = weight.scalar_type();
-    ctx->saved_data["out_dtype"] = out_dtype;
-    return {h, y};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    check_not_differentiated_twice("add_rms_norm");
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor& grad_h = grad_outputs[0];
-    torch::Tensor grad_y = grad_outputs[1];
-    // h alone was used: the norm's output gradient is zero.
-    if (!grad_y.defined())
-      grad_y = torch::zeros(saved[0].sizes(), saved[0].options().dtype(ctx->saved_data["out_dtype"].toScalarType()));
-    auto [grad_x, grad_delta, grad_weight] = kernels::add_rms_norm_backward(
-        grad_y.contiguous(), grad_h.defined() ? grad_h.contiguous() : grad_h, saved[0], saved[1], saved[2]);
-    return {grad_x, grad_delta, grad_weight.to(ctx->saved_data["weight_dtype"].toScalarType()), torch::Tensor(),
-            torch::Tensor()};
-  }
-};
 
 // Backward keeps the logits (in their dtype) and one fp32 log-sum-exp per
 // row, not ATen's fp32 copy of the logits and their fp32 log-softmax.
@@ -171,19 +114,6 @@ struct FusedSwiglu : torch::autograd::Function<FusedSwiglu> {
   }
 };
 
-/// The dtype the fused RMSNorm of x returns (x's, or under CUDA autocast an
-/// fp32 x's autocast dtype), or nullopt where the kernel does not apply.
-std::optional<c10::ScalarType> fused_norm_dtype(const torch::Tensor& x, const torch::Tensor& weight, bool fused) {
-  if (!fused || !x.is_cuda() || !kernel_dtype(x) || x.dim() < 1 || x.size(-1) == 0 || weight.dim() != 1 ||
-      weight.size(0) != x.size(-1) || weight.device() != x.device()) {
-    return std::nullopt;
-  }
-  c10::ScalarType out_dtype = x.scalar_type();
-  const ddp::AutocastState autocast = ddp::AutocastState::current(c10::DeviceType::CUDA);
-  if (out_dtype == torch::kFloat && autocast.enabled) out_dtype = autocast.dtype;
-  return out_dtype;
-}
-
 bool fits_swiglu_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
   return gate.is_cuda() && kernel_dtype(gate) && gate.scalar_type() == up.scalar_type() &&
          gate.sizes() == up.sizes() && gate.device() == up.device();
@@ -193,27 +123,6 @@ bool fits_swiglu_kernel(const torch::Tensor& gate, const torch::Tensor& up) {
 }  // namespace
 
 bool fused_kernels_built() { return LLAMA_WITH_CUDA_KERNELS != 0; }
-
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, [[maybe_unused]] bool fused) {
-#if LLAMA_WITH_CUDA_KERNELS
-  if (const auto out_dtype = fused_norm_dtype(x, weight, fused)) return FusedRmsNorm::apply(x, weight, eps, *out_dtype);
-#endif
-  return rms_norm_aten(x, weight, eps);
-}
-
-std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
-                                                     const torch::Tensor& weight, double eps, bool fused) {
-#if LLAMA_WITH_CUDA_KERNELS
-  const auto out_dtype = fused_norm_dtype(x, weight, fused);
-  if (out_dtype && delta.sizes() == x.sizes() && delta.scalar_type() == *out_dtype && delta.device() == x.device()) {
-    const auto outputs = FusedAddRmsNorm::apply(x, delta, weight, eps, *out_dtype);
-    return {outputs[0], outputs[1]};
-  }
-#endif
-  torch::Tensor h = x + delta;
-  torch::Tensor normed = rms_norm(h, weight, eps, fused);
-  return {std::move(h), std::move(normed)};
-}
 
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, [[maybe_unused]] bool fused) {
 #if LLAMA_WITH_CUDA_KERNELS

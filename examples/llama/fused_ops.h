@@ -1,17 +1,18 @@
 #pragma once
 
-// The LLaMA decoder's RMSNorm, rotary embedding and SwiGLU, two ways: ATen
-// ops (any device; op for op what PyTorch's reference in
+// The LLaMA decoder's rotary embedding, SwiGLU and cross entropy, two ways:
+// ATen ops (any device; op for op what PyTorch's reference in
 // benchmarks/scaling/pytorch_ddp.py runs), and, with `fused` on CUDA tensors
 // where fused_kernels.cu was compiled, one kernel forward and one backward
 // each (fused_kernels.h says why). Both compute in fp32 and round once; they
 // differ only by that rounding and the order of the sums. The fused backward
 // passes are not themselves differentiable: asking for gradients of
-// gradients (create_graph) through them is an error.
+// gradients (create_graph) through them is an error. The decoder's RMSNorm
+// (with the residual add before it) is libddp's ddp::rms_norm and
+// ddp::add_rms_norm (<ddp/rms_norm.h>), fused and unfused alike.
 
 #include <cstdint>
 #include <tuple>
-#include <utility>
 
 #include <torch/types.h>
 
@@ -21,22 +22,6 @@ namespace llama::ops {
 
 /// Whether this build has the fused kernels (LibTorch >= 2.1 with CUDA).
 bool fused_kernels_built();
-
-/// x * rsqrt(mean(x^2 over the last dim) + eps) * weight, in fp32, returned in
-/// x's dtype; except that the fused path, under CUDA autocast, returns an fp32
-/// x's result in the autocast dtype: the norm feeds linear layers, which
-/// autocast would round it to anyway, so the values are the same and a
-/// full-size fp32 tensor and its cast are saved.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, bool fused);
-
-/// {h, rms_norm(h, weight, eps, fused)} with h = x + delta: a pre-norm
-/// block's residual add and the norm of the next sub-layer's input. Fused
-/// (where rms_norm is, and delta has x's shape and the dtype the norm
-/// returns): one kernel forward and one backward, instead of the add, the
-/// norm, and in backward the norm's gradient, its sum with h's other
-/// gradient and that sum's cast to delta's dtype.
-std::pair<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x, const torch::Tensor& delta,
-                                                     const torch::Tensor& weight, double eps, bool fused);
 
 /// Mean cross entropy of int64 targets [rows] under logits [rows, vocab],
 /// computed in fp32 whatever the logits' dtype; targets of -100 are left out

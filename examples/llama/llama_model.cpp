@@ -13,6 +13,7 @@
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/precision.h>
+#include <ddp/rms_norm.h>
 
 #include "fused_ops.h"
 
@@ -128,12 +129,17 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
 };
 
 // {x + delta, norm(x + delta)}: `fused`, one kernel where it applies
-// (ops::add_rms_norm); else the add and then the norm.
+// (ddp::add_rms_norm); else the add and then the norm. `reader`: the one
+// layer that reads the norm (RMSNormImpl::forward_into), or null.
 std::pair<torch::Tensor, torch::Tensor> add_and_norm(const torch::Tensor& x, const torch::Tensor& delta,
-                                                     RMSNormImpl& norm, bool fused) {
-  if (fused) return ops::add_rms_norm(x, delta, norm.weight, norm.eps, /*fused=*/true);
+                                                     RMSNormImpl& norm, bool fused, ddp::Float8LinearImpl* reader) {
+  if (fused) {
+    const auto options = ddp::RMSNormOptions().eps(norm.eps);
+    return reader != nullptr ? ddp::float8::add_rms_norm(x, delta, norm.weight, *reader, options)
+                             : ddp::add_rms_norm(x, delta, norm.weight, options);
+  }
   torch::Tensor sum = x + delta;
-  torch::Tensor normed = norm.forward(sum);
+  torch::Tensor normed = norm.forward_into(sum, reader);
   return {std::move(sum), std::move(normed)};
 }
 
@@ -178,7 +184,14 @@ RMSNormImpl::RMSNormImpl(std::int64_t dim, double eps, bool fused) : eps(eps), f
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return ops::rms_norm(x, weight, eps, fused); }
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  return ddp::rms_norm(x, weight, ddp::RMSNormOptions().eps(eps).fused(fused));
+}
+
+torch::Tensor RMSNormImpl::forward_into(const torch::Tensor& x, ddp::Float8LinearImpl* reader) {
+  if (reader == nullptr) return forward(x);
+  return ddp::float8::rms_norm(x, weight, *reader, ddp::RMSNormOptions().eps(eps).fused(fused));
+}
 
 torch::Tensor Rotation::apply(const torch::Tensor& x) const { return ops::rotate_pairs(x, cos, sin, fused); }
 
@@ -287,11 +300,17 @@ torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotati
 std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_deferred(const torch::Tensor& x,
                                                                                const torch::Tensor& pending,
                                                                                const Rotation& rotation) {
-  const auto [stream, normed] = pending.defined() ? add_and_norm(x, pending, *attention_norm, fused_residual_norm)
-                                                  : std::pair{x, attention_norm(x)};
+  // The attention's one projection (LlamaConfig::fused_qkv) alone reads its
+  // norm: in FP8 the norm writes that layer's input cast itself. SwiGLU's
+  // gate and up share theirs (float8::share_input_cast), which the norm
+  // cannot write, so the second norm returns its values.
+  ddp::Float8LinearImpl* const qkv = attention->wqkv ? attention->wqkv.get() : nullptr;
+  const auto [stream, normed] = pending.defined() ? add_and_norm(x, pending, *attention_norm, fused_residual_norm, qkv)
+                                                  : std::pair{x, attention_norm->forward_into(x, qkv)};
   // The residual stream stays in x's dtype (fp32 under autocast); the norms
   // return the dtype the linear layers compute in.
-  const auto [h, ffn_input] = add_and_norm(stream, attention(normed, rotation), *ffn_norm, fused_residual_norm);
+  const auto [h, ffn_input] =
+      add_and_norm(stream, attention(normed, rotation), *ffn_norm, fused_residual_norm, /*reader=*/nullptr);
   return {h, feed_forward(ffn_input)};
 }
 
@@ -341,7 +360,7 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
     }
   }
   if (pending.defined()) {
-    h = add_and_norm(h, pending, *norm, config.fused_kernels && config.fused_residual_norm).second;
+    h = add_and_norm(h, pending, *norm, config.fused_kernels && config.fused_residual_norm, nullptr).second;
   } else {
     h = norm(h);
   }

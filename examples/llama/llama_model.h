@@ -38,9 +38,9 @@ struct LlamaConfig {
   bool tie_embeddings = false;
   /// Recompute each block's activations in backward instead of keeping them.
   bool activation_checkpointing = false;
-  /// RMSNorm, the rotary embedding and SwiGLU as fused kernels on CUDA
-  /// tensors where the build has them (fused_ops.h); false runs the ATen ops
-  /// of PyTorch's reference model.
+  /// RMSNorm (libddp's ddp::rms_norm), the rotary embedding and SwiGLU
+  /// (fused_ops.h) as fused kernels on CUDA tensors where the build has them;
+  /// false runs the ATen ops of PyTorch's reference model.
   bool fused_kernels = true;
   /// Grouped-query attention by repeating each key/value head for its query
   /// heads (repeat_interleave, as Meta's reference and PyTorch's benchmark
@@ -49,7 +49,7 @@ struct LlamaConfig {
   /// only SDPA's math kernel would take grouped heads).
   bool repeat_kv_heads = false;
   /// With fused_kernels, each residual add runs in the kernel of the RMSNorm
-  /// that reads its sum (ops::add_rms_norm; without activation checkpointing
+  /// that reads its sum (ddp::add_rms_norm; without activation checkpointing
   /// also the add that ends a block, in the next block's first norm); false
   /// keeps the adds separate (the A/B of that alone).
   bool fused_residual_norm = true;
@@ -73,11 +73,17 @@ struct LlamaConfig {
   std::int64_t parameter_count() const;
 };
 
-/// Root-mean-square layer norm with a learned scale. Computed in fp32 whatever
-/// the input's dtype; the output has the input's dtype (but see llama::ops::rms_norm).
+/// Root-mean-square layer norm with a learned scale: ddp::rms_norm. Computed
+/// in fp32 whatever the input's dtype; the output has the input's dtype (but
+/// see ddp::rms_norm under autocast).
 struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(std::int64_t dim, double eps, bool fused = true);
   torch::Tensor forward(const torch::Tensor& x);
+  /// forward(x) for a norm whose output only `reader` reads: where that
+  /// layer runs in FP8 with delayed scaling, the norm writes its FP8 input
+  /// and returns a tensor without values (ddp::float8::rms_norm). Null:
+  /// forward(x).
+  torch::Tensor forward_into(const torch::Tensor& x, ddp::Float8LinearImpl* reader);
 
   double eps;
   bool fused;

@@ -17,6 +17,7 @@
 #include <ddp/optim.h>
 #include <ddp/precision.h>
 #include <ddp/process_group.h>
+#include <ddp/rms_norm.h>
 #include <ddp/sharding.h>
 #include <ddp/sync_batch_norm.h>
 #include <ddp/versions.h>

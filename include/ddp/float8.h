@@ -16,6 +16,7 @@
 #include <ddp/export.h>
 #include <ddp/float8_tensor.h>
 #include <ddp/process_group.h>
+#include <ddp/rms_norm.h>
 
 namespace ddp {
 
@@ -217,6 +218,26 @@ DDP_API at::Tensor swiglu_linear(
 /// silu(gate) * up in ATen ops when `swiglu` is null.
 DDP_API at::Tensor swiglu_linear(const at::Tensor& gate_up, Float8LinearImpl& down, Float8LinearImpl& gate_up_layer,
                                  const std::function<at::Tensor(const at::Tensor&)>& swiglu = nullptr);
+
+/// ddp::rms_norm(x, weight, options) for a norm whose output only `layer`
+/// reads (a pre-norm block's norm before its attention projection). Where
+/// `layer` runs in FP8 with delayed scaling, shares its input cast with no
+/// other layer, and the norm would run fused on a CUDA device (with rows and
+/// features multiples of 16, features up to the 7,000 or so whose FP8 rows a
+/// block's shared memory holds), the norm's kernel writes the layer's FP8
+/// input (data, transpose and amax) itself, as Transformer Engine's
+/// LayerNormLinear does, and returns, in place of the values, a tensor of the
+/// norm's shape and dtype that holds none: hand it to `layer`, and to nothing
+/// else (the layer throws UsageError for any other tensor while the cast
+/// waits). Backward is the fused norm's. Elsewhere exactly ddp::rms_norm.
+DDP_API at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, Float8LinearImpl& layer,
+                            const RMSNormOptions& options = {});
+
+/// ddp::add_rms_norm(x, delta, weight, options) likewise: h = x + delta is
+/// returned as ever, the norm of h as `layer`'s FP8 input where it can be.
+DDP_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                       const at::Tensor& weight, Float8LinearImpl& layer,
+                                                       const RMSNormOptions& options = {});
 
 }  // namespace float8
 }  // namespace ddp

@@ -71,6 +71,19 @@ __device__ __forceinline__ uint32_t to_float8x4(float a, float b, float c, float
   return low | (high << 16);
 }
 
+/// A 4 x 4 block of bytes transposed: the words of 4 rows (byte i of a word
+/// being column i) become the words of its 4 columns (byte i being row i).
+__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4], uint32_t (&columns)[4]) {
+  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
+  const uint32_t hi01 = __byte_perm(rows[0], rows[1], 0x7362);  // bytes 2 and 3
+  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140);
+  const uint32_t hi23 = __byte_perm(rows[2], rows[3], 0x7362);
+  columns[0] = __byte_perm(lo01, lo23, 0x5410);
+  columns[1] = __byte_perm(lo01, lo23, 0x7632);
+  columns[2] = __byte_perm(hi01, hi23, 0x5410);
+  columns[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 /// A Float8Tensor as the kernel sees it: null pointers are not written.
 /// scale_from_amax: `scale_source` is the amax, and the kernel writes the
 /// scale it takes from it to `scale`; otherwise `scale_source` is the scale
@@ -240,12 +253,8 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t in[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) in[r] = tile[o][(4 * block_row + r) * kTileStrideWords + block_col];
-        const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
-        const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362);  // bytes 2 and 3
-        const uint32_t lo23 = __byte_perm(in[2], in[3], 0x5140);
-        const uint32_t hi23 = __byte_perm(in[2], in[3], 0x7362);
-        const uint32_t columns[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
-                                     __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
+        uint32_t columns[4];
+        transpose_4x4_bytes(in, columns);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int64_t out_row = col0 + 4 * block_col + c;

@@ -1,7 +1,7 @@
 // The LLaMA decoder's fused CUDA kernels (examples/llama/fused_kernels.cu)
 // against the ATen ops they replace: values and gradients, in every dtype
 // the model runs them in, vectorized and not, and the whole model under
-// bf16 autocast.
+// bf16 autocast (its RMSNorm is libddp's, tested in test_rms_norm.cpp).
 
 #include <cstdio>
 #include <string>
@@ -13,143 +13,21 @@
 
 #include <ddp/ddp.h>
 
-#include "fused_kernels.h"
 #include "fused_ops.h"
 #include "llama_model.h"
+#include "support/fused_comparison.h"
 #include "support/relative_error.h"
 
 namespace {
 
+using ddp::testing::expect_fused_matches_aten;
+using ddp::testing::expect_not_differentiable_twice;
+using ddp::testing::fused_tolerance;
 using ddp::testing::relative_error;
 
 const torch::Device kGpu(torch::kCUDA, 0);
 
-
-/// The tolerance of one rounding to `dtype` (both paths compute in fp32 and
-/// round once; sums differ in order).
-double tolerance(torch::ScalarType dtype) { return dtype == torch::kFloat ? 2e-6 : 8e-3; }
-
-/// Runs `op` fused and unfused on leaf copies of `inputs` and compares the
-/// outputs and every input's gradient for a random output gradient.
-template <typename Op>
-void expect_fused_matches_aten(const std::vector<torch::Tensor>& inputs, Op op, torch::ScalarType dtype,
-                               const std::string& what) {
-  std::vector<torch::Tensor> outputs, grads[2];
-  for (const bool fused : {false, true}) {
-    std::vector<torch::Tensor> leaves;
-    for (const auto& input : inputs) leaves.push_back(input.detach().clone().requires_grad_());
-    const torch::Tensor output = op(leaves, fused);
-    torch::manual_seed(7);
-    const torch::Tensor grad_output = torch::randn(output.sizes(), output.options());
-    output.backward(grad_output);
-    outputs.push_back(output.detach());
-    for (const auto& leaf : leaves) grads[fused].push_back(leaf.grad());
-  }
-  ASSERT_EQ(outputs[1].sizes(), outputs[0].sizes()) << what;
-  const double error = relative_error(outputs[1], outputs[0]);
-  std::printf("%s: output relative error %.3g\n", what.c_str(), error);
-  EXPECT_LT(error, tolerance(dtype)) << what;
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    ASSERT_TRUE(grads[1][i].defined()) << what << ": no gradient for input " << i;
-    EXPECT_EQ(grads[1][i].scalar_type(), grads[0][i].scalar_type()) << what << ", input " << i;
-    const double grad_error = relative_error(grads[1][i], grads[0][i]);
-    std::printf("%s: gradient %zu relative error %.3g\n", what.c_str(), i, grad_error);
-    // A weight gradient sums over thousands of rows of rounded products.
-    EXPECT_LT(grad_error, 2 * tolerance(dtype)) << what << ", gradient of input " << i;
-  }
-}
-
 TEST(LlamaFusedOps, AreBuilt) { EXPECT_TRUE(llama::ops::fused_kernels_built()); }
-
-TEST(LlamaFusedOps, RmsNormMatchesAten) {
-  // 2048 columns: the vectorized kernel, and more rows than backward's blocks;
-  // 102: the scalar kernel.
-  for (const std::int64_t cols : {2048, 102}) {
-    for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
-      torch::manual_seed(1);
-      const auto x = torch::randn({4, 2500, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
-      const auto weight = 1 + 0.5 * torch::randn({cols}, torch::TensorOptions().device(kGpu));
-      expect_fused_matches_aten(
-          {x, weight},
-          [](const std::vector<torch::Tensor>& in, bool fused) {
-            return llama::ops::rms_norm(in[0], in[1], 1e-5, fused);
-          },
-          dtype, "rms_norm " + std::string(c10::toString(dtype)) + " cols " + std::to_string(cols));
-    }
-  }
-}
-
-TEST(LlamaFusedOps, RmsNormUnderAutocastReturnsTheAutocastDtype) {
-  torch::manual_seed(2);
-  const auto x = torch::randn({8, 512, 256}, torch::TensorOptions().device(kGpu)).requires_grad_();
-  const auto weight = (1 + 0.5 * torch::randn({256}, torch::TensorOptions().device(kGpu))).requires_grad_();
-  torch::Tensor fused, aten;
-  {
-    ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
-    fused = llama::ops::rms_norm(x, weight, 1e-5, /*fused=*/true);
-    aten = llama::ops::rms_norm(x, weight, 1e-5, /*fused=*/false);
-  }
-  EXPECT_EQ(fused.scalar_type(), torch::kBFloat16);
-  EXPECT_EQ(aten.scalar_type(), torch::kFloat);
-  // The same values as the fp32 result rounded to bf16, as autocast would.
-  EXPECT_LT(relative_error(fused, aten.to(torch::kBFloat16)), 1e-3);
-  const auto grad = torch::randn(x.sizes(), x.options());
-  const auto fused_grads = torch::autograd::grad({fused}, {x, weight}, {grad.to(torch::kBFloat16)});
-  const auto aten_grads = torch::autograd::grad({aten}, {x, weight}, {grad.to(torch::kBFloat16).to(torch::kFloat)});
-  EXPECT_EQ(fused_grads[0].scalar_type(), torch::kFloat);
-  EXPECT_LT(relative_error(fused_grads[0], aten_grads[0]), 1e-5);
-  EXPECT_LT(relative_error(fused_grads[1], aten_grads[1]), 1e-5);
-}
-
-TEST(LlamaFusedOps, AddRmsNormMatchesAten) {
-  // 2048 columns: the vectorized kernel; 102: the scalar kernel. Both
-  // outputs (the sum and its norm) get a gradient.
-  for (const std::int64_t cols : {2048, 102}) {
-    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
-      torch::manual_seed(5);
-      const auto x = torch::randn({4, 700, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
-      const auto delta = torch::randn({4, 700, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
-      const auto weight = 1 + 0.5 * torch::randn({cols}, torch::TensorOptions().device(kGpu));
-      expect_fused_matches_aten(
-          {x, delta, weight},
-          [](const std::vector<torch::Tensor>& in, bool fused) {
-            const auto [h, normed] = llama::ops::add_rms_norm(in[0], in[1], in[2], 1e-5, fused);
-            return torch::cat({h.flatten(), normed.flatten()});
-          },
-          dtype, "add_rms_norm " + std::string(c10::toString(dtype)) + " cols " + std::to_string(cols));
-    }
-  }
-}
-
-// As in the decoder: an fp32 residual stream, a bf16 delta from autocast's
-// linear layers, the norm returned in bf16 for the next ones.
-TEST(LlamaFusedOps, AddRmsNormUnderAutocastKeepsTheStreamInFp32) {
-  torch::manual_seed(6);
-  const auto x = torch::randn({8, 512, 256}, torch::TensorOptions().device(kGpu)).requires_grad_();
-  const auto delta =
-      torch::randn({8, 512, 256}, torch::TensorOptions().device(kGpu)).to(torch::kBFloat16).requires_grad_();
-  const auto weight = (1 + 0.5 * torch::randn({256}, torch::TensorOptions().device(kGpu))).requires_grad_();
-  std::pair<torch::Tensor, torch::Tensor> fused, aten;
-  {
-    ddp::PrecisionGuard guard(ddp::PrecisionPolicy::parse("bf16"), kGpu);
-    fused = llama::ops::add_rms_norm(x, delta, weight, 1e-5, /*fused=*/true);
-    aten = llama::ops::add_rms_norm(x, delta, weight, 1e-5, /*fused=*/false);
-  }
-  EXPECT_EQ(fused.first.scalar_type(), torch::kFloat);
-  EXPECT_EQ(fused.second.scalar_type(), torch::kBFloat16);
-  EXPECT_EQ(relative_error(fused.first, aten.first), 0);
-  EXPECT_LT(relative_error(fused.second, aten.second.to(torch::kBFloat16)), 1e-3);
-  const auto grad_h = torch::randn(x.sizes(), x.options());
-  const auto grad_y = torch::randn(x.sizes(), x.options()).to(torch::kBFloat16);
-  const auto fused_grads = torch::autograd::grad({fused.first, fused.second}, {x, delta, weight}, {grad_h, grad_y});
-  const auto aten_grads =
-      torch::autograd::grad({aten.first, aten.second}, {x, delta, weight}, {grad_h, grad_y.to(aten.second.dtype())});
-  EXPECT_EQ(fused_grads[0].scalar_type(), torch::kFloat);
-  EXPECT_EQ(fused_grads[1].scalar_type(), torch::kBFloat16);
-  EXPECT_LT(relative_error(fused_grads[0], aten_grads[0]), 1e-5);
-  EXPECT_LT(relative_error(fused_grads[1], aten_grads[1]), 1e-2);
-  EXPECT_LT(relative_error(fused_grads[2], aten_grads[2]), 1e-5);
-}
 
 TEST(LlamaFusedOps, CrossEntropyMatchesAten) {
   // 32000 classes: the vectorized kernels; 1001: the scalar ones. Some
@@ -176,7 +54,7 @@ TEST(LlamaFusedOps, CrossEntropyMatchesAten) {
       std::printf("%s: loss %.6f, relative error %.3g, gradient %.3g\n", what.c_str(), losses[0].item<double>(),
                   loss_error, grad_error);
       EXPECT_LT(loss_error, 1e-5) << what;
-      EXPECT_LT(grad_error, tolerance(dtype) * 2) << what;
+      EXPECT_LT(grad_error, fused_tolerance(dtype) * 2) << what;
       // Ignored rows have no gradient.
       EXPECT_EQ(grads[1].index({torch::indexing::Slice(0, rows, 7)}).abs().max().item<double>(), 0) << what;
     }
@@ -241,22 +119,12 @@ TEST(LlamaFusedOps, SwigluMatchesAten) {
 }
 
 /// What the fused ops owe autograd beyond their values, as the ATen ops give
-/// it: an output that may be modified in place, a gradient for rotation
-/// angles that need one (through the ATen ops), and for gradients of
-/// gradients an error instead of silently missing terms.
+/// it: a gradient for rotation angles that need one (through the ATen ops),
+/// and for gradients of gradients an error instead of silently missing terms.
 TEST(LlamaFusedOps, BehaveUnderAutogradAsTheAtenOps) {
   const auto options = torch::TensorOptions().device(kGpu);
   torch::manual_seed(8);
-  const auto x = torch::randn({16, 64}, options).requires_grad_();
-  const auto weight = (torch::rand({64}, options) + 0.5).requires_grad_();
   torch::Tensor grads[2];
-  for (const bool fused : {false, true}) {
-    auto y = llama::ops::rms_norm(x, weight, 1e-5, fused);
-    y.mul_(3);
-    grads[fused] = torch::autograd::grad({y.sum()}, {x})[0];
-  }
-  EXPECT_LT(relative_error(grads[1], grads[0]), 1e-5) << "rms_norm output modified in place";
-
   const auto angles = torch::randn({8, 4}, options).requires_grad_();
   const auto q = torch::randn({2, 8, 3, 8}, options);
   const auto weights = torch::randn({2, 8, 3, 8}, options);
@@ -272,19 +140,9 @@ TEST(LlamaFusedOps, BehaveUnderAutogradAsTheAtenOps) {
   const auto k = torch::randn({2, 8, 3, 8}, options).requires_grad_();
   const auto cos = angles.detach().cos(), sin = angles.detach().sin();
   const std::tuple<const char*, torch::Tensor, torch::Tensor> cases[] = {
-      {"rms_norm", llama::ops::rms_norm(x, weight, 1e-5, true), x},
       {"rotate_pairs", llama::ops::rotate_pairs(k, cos, sin, true), k},
       {"swiglu", llama::ops::swiglu(gate, up, true), gate}};
-  for (const auto& [name, output, input] : cases) {
-    std::string message;
-    try {
-      torch::autograd::grad({output.sum()}, {input}, {}, /*retain_graph=*/true, /*create_graph=*/true);
-    } catch (const std::exception& e) {
-      message = e.what();
-    }
-    EXPECT_NE(message.find("cannot be differentiated again"), std::string::npos)
-        << name << " under create_graph: " << (message.empty() ? "no error" : message);
-  }
+  for (const auto& [name, output, input] : cases) expect_not_differentiable_twice(output, input, name);
 }
 
 /// The tiny preset widened to dim 256 (FFN 704), with `heads` query and

@@ -1,0 +1,311 @@
+// RMSNorm written straight into FP8: the norm of a pre-norm block whose
+// output only a Float8Linear reads (attention's projections, SwiGLU's gate
+// and up). Unfused, the norm writes its bf16 output and the layer's cast
+// reads it again to write the FP8 data and transpose; here the norm writes
+// those itself, and the bf16 output never exists.
+//
+// A block normalises a strip of 32 rows. Each warp takes a row at a time:
+// the first pass sums its squares (and, with a residual, writes x + delta),
+// the second reads the row back from L2, scales, converts, and writes the
+// FP8 row to `data` and to a shared-memory copy of the strip. Then the block
+// writes the strip's transpose: 32 rows make each transposed row's piece 32
+// bytes, one whole memory sector, where a block per row would write single
+// bytes scattered over every transposed row.
+
+#include <algorithm>
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_check.h"
+#include "cuda/float_conversions.cuh"
+#include "cuda/warp_reduce.cuh"
+#include "float8/kernels.h"
+#include "float8/tile.cuh"
+
+namespace ddp::detail {
+namespace {
+
+using float8_tiles::abs_bits;
+using float8_tiles::to_float8x4;
+using float8_tiles::transpose_4x4_bytes;
+
+constexpr int kStripRows = 32;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kPack = 8;    // elements a lane moves at a time: 16 bytes of bf16, 32 of fp32
+constexpr int kUnroll = 2;  // packs a lane loads before it uses the first, to keep loads in flight
+// Blocks an SM runs at once: registers for two (up to 128 a thread; ptxas,
+// sm_90: 91-112, where asking for three made fp32 rows spill), which with
+// two packs in flight per lane keep 48 KiB of loads in flight per SM.
+constexpr int kBlocksPerSm = 2;
+
+/// Words from one row of the shared strip to the next: the row's cols / 4
+/// words, padded to 4 more than a multiple of 32 so that the transposing
+/// reads (8 rows x 4 words per warp) hit 32 different banks, and even, for
+/// the 8-byte writes.
+__host__ __device__ int64_t strip_stride_words(int64_t cols) { return (cols / 4 + 31 - 4) / 32 * 32 + 4; }
+
+template <typename T>
+struct alignas(sizeof(T) * kPack) Pack {
+  T v[kPack];
+};
+
+template <typename T>
+__device__ __forceinline__ void load_floats(const T* source, float (&values)[kPack]) {
+  const Pack<T> pack = *reinterpret_cast<const Pack<T>*>(source);
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) values[k] = to_float(pack.v[k]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store_floats(T* destination, const float (&values)[kPack]) {
+  Pack<T> pack;
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) pack.v[k] = from_float<T>(values[k]);
+  *reinterpret_cast<Pack<T>*>(destination) = pack;
+}
+
+struct NormToFloat8Args {
+  const void* x;      // [rows, cols], In
+  const void* delta;  // [rows, cols], Delta; null: no residual
+  void* sum;          // [rows, cols], In: x + delta; null without residual
+  const float* weight;
+  float* rstd;  // [rows]
+  uint8_t* data;
+  uint8_t* transposed;  // [cols, rows]
+  const float* scale;
+  float* inverse_scale;
+  float* amax;
+  int64_t rows, cols;
+  float eps;
+};
+
+template <typename In, typename Delta, bool kResidual, __nv_fp8_interpretation_t kFormat>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_kernel(const NormToFloat8Args args) {
+  extern __shared__ uint32_t strip[];  // [kStripRows][strip_stride_words(cols)]
+  const int64_t cols = args.cols;
+  const int64_t stride_words = strip_stride_words(cols);
+  const int64_t packs = cols / kPack;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kStripRows;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const float scale = __ldg(args.scale);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *args.inverse_scale = 1.0f / scale;
+  int max_bits = 0;
+
+  for (int strip_row = warp; strip_row < kStripRows; strip_row += kWarps) {
+    const int64_t row = row0 + strip_row;
+    if (row >= args.rows) break;
+    const In* x = static_cast<const In*>(args.x) + row * cols;
+    const Delta* delta = kResidual ? static_cast<const Delta*>(args.delta) + row * cols : nullptr;
+    In* sum = kResidual ? static_cast<In*>(args.sum) + row * cols : nullptr;
+    float squares = 0;
+    for (int64_t first = lane; first < packs; first += 32 * kUnroll) {
+      float h[kUnroll][kPack];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t pack = first + 32 * u;
+        if (pack < packs) load_floats(x + pack * kPack, h[u]);
+      }
+      if constexpr (kResidual) {
+        float d[kUnroll][kPack];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t pack = first + 32 * u;
+          if (pack < packs) load_floats(delta + pack * kPack, d[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t pack = first + 32 * u;
+          if (pack >= packs) continue;
+            // Rounded to the stream's dtype first, as the unfused add writes it
+            // and as backward will read it.
+#pragma unroll
+          for (int k = 0; k < kPack; ++k) h[u][k] = to_float(from_float<In>(h[u][k] + d[u][k]));
+          store_floats(sum + pack * kPack, h[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (first + 32 * u >= packs) continue;
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) squares += h[u][k] * h[u][k];
+      }
+    }
+    const float r = rsqrtf(warp_sum(squares) / static_cast<float>(cols) + args.eps);
+    if (lane == 0) args.rstd[row] = r;
+
+    // The row again, from L2 (this warp just read or wrote it).
+    const In* normed = kResidual ? sum : x;
+    uint8_t* const data = args.data + row * cols;
+    uint32_t* const strip_row_words = strip + strip_row * stride_words;
+    for (int64_t first = lane; first < packs; first += 32 * kUnroll) {
+      float h[kUnroll][kPack], w[kUnroll][kPack];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t pack = first + 32 * u;
+        if (pack >= packs) continue;
+        load_floats(normed + pack * kPack, h[u]);
+        load_floats(args.weight + pack * kPack, w[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t pack = first + 32 * u;
+        if (pack >= packs) continue;
+        float y[kPack];
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) {
+          // The value the unfused norm would round to its output dtype (Delta,
+          // the dtype the linear layers compute in) before the cast read it.
+          const float value = to_float(from_float<Delta>(h[u][k] * r * w[u][k]));
+          max_bits = max(max_bits, abs_bits(value));
+          y[k] = value * scale;
+        }
+        const uint2 words =
+            make_uint2(to_float8x4<kFormat>(y[0], y[1], y[2], y[3]), to_float8x4<kFormat>(y[4], y[5], y[6], y[7]));
+        *reinterpret_cast<uint2*>(data + pack * kPack) = words;
+        *reinterpret_cast<uint2*>(strip_row_words + pack * (kPack / 4)) = words;
+      }
+    }
+  }
+  __syncthreads();
+
+  // The transpose: each thread turns a 4 x 4 block of bytes (4 rows' words of
+  // the same 4 columns) into 4 words of 4 rows, one per column. A warp takes
+  // 8 blocks down (the strip's 32 rows) and 4 across, so that the 8 lanes of
+  // a column write its 32 bytes together.
+  const int block_row = lane % 8;  // in 4-row units
+  if (row0 + 4 * block_row < args.rows) {
+    const int64_t row = row0 + 4 * block_row;
+    for (int64_t block_col = lane / 8 + 4 * warp; block_col < cols / 4; block_col += 4 * kWarps) {
+      uint32_t in[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) in[r] = strip[(4 * block_row + r) * stride_words + block_col];
+      uint32_t columns[4];
+      transpose_4x4_bytes(in, columns);
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        *reinterpret_cast<uint32_t*>(args.transposed + (4 * block_col + c) * args.rows + row) = columns[c];
+      }
+    }
+  }
+
+  __shared__ int warp_amax[kWarps];
+  max_bits = warp_max(max_bits);
+  if (lane == 0) warp_amax[warp] = max_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int bits = warp_amax[0];
+    for (int w = 1; w < kWarps; ++w) bits = max(bits, warp_amax[w]);
+    atomicMax(reinterpret_cast<int*>(args.amax), bits);
+  }
+}
+
+template <typename T>
+struct Type {
+  using type = T;
+};
+
+template <typename F>
+void with_cuda_type(c10::ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case at::kBFloat16: return f(Type<__nv_bfloat16>{});
+    case at::kHalf: return f(Type<__half>{});
+    default: return f(Type<float>{});
+  }
+}
+
+/// The dynamic shared memory of a block: the strip of FP8 rows.
+int64_t shared_bytes(int64_t cols) {
+  return kStripRows * strip_stride_words(cols) * static_cast<int64_t>(sizeof(uint32_t));
+}
+
+}  // namespace
+
+bool rms_norm_to_float8_takes(const at::Tensor& x, const at::Tensor& delta) {
+  if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0) return false;
+  const int64_t cols = x.size(-1), rows = x.numel() / cols;
+  const auto aligned = [](const at::Tensor& t) {
+    return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 32 == 0;
+  };
+  int device_shared_bytes = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&device_shared_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, x.get_device()));
+  return rows % 16 == 0 && cols % 16 == 0 && rows / kStripRows < INT32_MAX && aligned(x) && aligned(delta) &&
+         x.is_contiguous() && (!delta.defined() || delta.is_contiguous()) &&
+         shared_bytes(cols) + static_cast<int64_t>(sizeof(int)) * kWarps <= device_shared_bytes;
+}
+
+void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
+                        c10::ScalarType out_dtype, const at::Tensor& sum, const at::Tensor& rstd, Float8Tensor& y) {
+  TORCH_CHECK(x.dim() == 2 && rms_norm_to_float8_takes(x, delta), "rms_norm_to_float8: x ", x.sizes(),
+              " (and delta) must be contiguous, 32-byte aligned CUDA [rows, cols] with rows and cols multiples of 16, "
+              "and cols few enough for a block's shared memory");
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == cols,
+              "rms_norm_to_float8: weight must be fp32 [cols]");
+  TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() == rows, "rms_norm_to_float8: rstd must be fp32 [rows]");
+  TORCH_CHECK(y.data.sizes() == x.sizes() && y.data.is_contiguous() && y.transposed.size(0) == cols &&
+                  y.transposed.size(1) == rows && y.transposed.is_contiguous(),
+              "rms_norm_to_float8: y must have contiguous data [rows, cols] and transpose [cols, rows]");
+  const bool residual = delta.defined();
+  if (residual) {
+    TORCH_CHECK(delta.sizes() == x.sizes() && delta.is_contiguous() && delta.scalar_type() == out_dtype &&
+                    sum.sizes() == x.sizes() && sum.is_contiguous() && sum.scalar_type() == x.scalar_type(),
+                "rms_norm_to_float8: delta (of x's shape, in out_dtype) and sum (of x's shape and dtype) must be "
+                "contiguous");
+  }
+  // 16-byte loads and stores of whole packs; fp32 packs are 32 bytes.
+  TORCH_CHECK((!sum.defined() || reinterpret_cast<std::uintptr_t>(sum.data_ptr()) % 32 == 0) &&
+                  reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 32 == 0 &&
+                  reinterpret_cast<std::uintptr_t>(y.data.data_ptr()) % 8 == 0 &&
+                  reinterpret_cast<std::uintptr_t>(y.transposed.data_ptr()) % 4 == 0,
+              "rms_norm_to_float8: sum, weight, data and transposed must be aligned for their packs");
+  NormToFloat8Args args{};
+  args.x = x.data_ptr();
+  args.delta = residual ? delta.data_ptr() : nullptr;
+  args.sum = residual ? sum.data_ptr() : nullptr;
+  args.weight = weight.data_ptr<float>();
+  args.rstd = rstd.data_ptr<float>();
+  args.data = static_cast<uint8_t*>(y.data.data_ptr());
+  args.transposed = static_cast<uint8_t*>(y.transposed.data_ptr());
+  args.scale = y.scale.data_ptr<float>();
+  args.inverse_scale = y.inverse_scale.data_ptr<float>();
+  args.amax = y.amax.data_ptr<float>();
+  args.rows = rows;
+  args.cols = cols;
+  args.eps = static_cast<float>(eps);
+
+  const c10::cuda::CUDAGuard device_guard(x.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
+  const auto bytes = static_cast<int>(shared_bytes(cols));
+  const auto blocks = static_cast<unsigned>((rows + kStripRows - 1) / kStripRows);
+  const bool e4m3 = y.data.scalar_type() == at::kFloat8_e4m3fn;
+  with_cuda_type(x.scalar_type(), [&](auto in) {
+    using In = typename decltype(in)::type;
+    with_cuda_type(out_dtype, [&](auto out) {
+      using Out = typename decltype(out)::type;
+      const auto launch = [&](auto kernel) {
+        // More than the default 48 KiB of dynamic shared memory must be asked for.
+        DDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        kernel<<<blocks, kThreads, bytes, stream>>>(args);
+        DDP_CUDA_CHECK_LAUNCH("rms_norm_to_float8_kernel");
+      };
+      if (residual) {
+        e4m3 ? launch(rms_norm_to_float8_kernel<In, Out, true, __NV_E4M3>)
+             : launch(rms_norm_to_float8_kernel<In, Out, true, __NV_E5M2>);
+      } else {
+        e4m3 ? launch(rms_norm_to_float8_kernel<In, Out, false, __NV_E4M3>)
+             : launch(rms_norm_to_float8_kernel<In, Out, false, __NV_E5M2>);
+      }
+    });
+  });
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,145 @@
+// float8::rms_norm and float8::add_rms_norm: the norm writing the FP8 cast of
+// the layer after it gives what the layer computes from ddp::rms_norm's
+// output (forward, every gradient, the amax the layer's history takes), and
+// falls back to ddp::rms_norm where it cannot fuse.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "support/relative_error.h"
+
+namespace {
+
+const torch::Device kGpu(torch::kCUDA, 0);
+using ddp::testing::relative_error;
+
+ddp::Float8Options delayed() { return ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4); }
+
+struct Case {
+  bool residual;
+  torch::ScalarType stream_dtype;  // x's; the norm returns bf16 (autocast for fp32)
+  std::int64_t rows;               // 48: a last strip of 16 rows
+};
+
+class Float8RmsNorm : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Float8RmsNorm, WritesTheCastTheLayerWouldMake) {
+  const Case c = GetParam();
+  const std::string what = std::string(c.residual ? "add_rms_norm" : "rms_norm") + " of " +
+                           c10::toString(c.stream_dtype) + ", " + std::to_string(c.rows) + " rows";
+  torch::manual_seed(21);
+  const std::int64_t cols = 272;  // 17 x 16: not a multiple of the 32 columns a warp reads at once
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  ddp::Float8Linear own(torch::nn::LinearOptions(cols, 64).bias(false), delayed());
+  ddp::Float8Linear fused(torch::nn::LinearOptions(cols, 64).bias(false), delayed());
+  own->to(kGpu);
+  fused->to(kGpu);
+  const auto norm_weight = torch::rand({cols}, on_gpu) + 0.5;
+  {
+    torch::NoGradGuard no_grad;
+    fused->weight.copy_(own->weight);
+  }
+  // An fp32 stream runs under bf16 autocast, as LLaMA's, so that the norm returns bf16.
+  const ddp::AutocastState autocast{c.stream_dtype == torch::kFloat, torch::kBFloat16};
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = what + ", step " + std::to_string(step);
+    // [batch, seq, features], as a model's activations: the norm works on their rows.
+    const std::vector<std::int64_t> sizes{2, c.rows / 2, cols};
+    const auto x = (torch::randn(sizes, on_gpu) * (step + 1)).to(c.stream_dtype);
+    const auto delta = torch::randn(sizes, on_gpu.dtype(torch::kBFloat16));
+    const auto grad_output = torch::randn({2, c.rows / 2, 64}, on_gpu.dtype(torch::kBFloat16)) * 1e-2;
+    const auto grad_h = torch::randn(sizes, on_gpu.dtype(c.stream_dtype)) * 1e-2;
+
+    std::vector<torch::Tensor> leaves[2], outputs[2], sums[2];
+    for (const bool fusing : {false, true}) {
+      auto& leaf = leaves[fusing];
+      leaf = {x.clone().requires_grad_(), delta.clone().requires_grad_(), norm_weight.clone().requires_grad_()};
+      torch::Tensor h, normed;
+      {
+        const ddp::AutocastStateGuard guard(c10::DeviceType::CUDA, autocast);
+        if (c.residual) {
+          std::tie(h, normed) = fusing ? ddp::float8::add_rms_norm(leaf[0], leaf[1], leaf[2], *fused)
+                                       : ddp::add_rms_norm(leaf[0], leaf[1], leaf[2]);
+        } else {
+          normed = fusing ? ddp::float8::rms_norm(leaf[0], leaf[2], *fused) : ddp::rms_norm(leaf[0], leaf[2]);
+        }
+        if (fusing) {
+          ASSERT_EQ(normed.stride(0), 0) << at << ": the fused path did not run (the output holds values)";
+        }
+        EXPECT_EQ(normed.scalar_type(), torch::kBFloat16) << at;
+        outputs[fusing] = {(fusing ? fused : own)(normed)};
+      }
+      torch::Tensor loss = (outputs[fusing][0].to(torch::kFloat) * grad_output.to(torch::kFloat)).sum();
+      if (c.residual) {
+        sums[fusing] = {h.detach()};
+        loss = loss + (h.to(torch::kFloat) * grad_h.to(torch::kFloat)).sum();
+      }
+      loss.backward();
+    }
+    if (c.residual) {
+      EXPECT_TRUE(torch::equal(sums[1][0], sums[0][0])) << at << ": x + delta";
+    }
+    // The two norms sum the squares in different orders: the rsqrt may differ
+    // in its last bit, and an FP8 value by one step where that tips a rounding.
+    EXPECT_LT(relative_error(outputs[1][0].detach(), outputs[0][0].detach()), 1e-2) << at << ": layer output";
+    for (int i = 0; i < 3; ++i) {
+      if (i == 1 && !c.residual) continue;
+      ASSERT_TRUE(leaves[1][i].grad().defined()) << at << ": gradient " << i;
+      EXPECT_LT(relative_error(leaves[1][i].grad(), leaves[0][i].grad()), 2e-2) << at << ": gradient " << i;
+    }
+    EXPECT_LT(relative_error(fused->weight.grad(), own->weight.grad()), 2e-2) << at << ": layer weight gradient";
+    const auto own_amaxes = own->latest_amaxes();
+    const auto fused_amaxes = fused->latest_amaxes();
+    EXPECT_LT(relative_error(fused_amaxes[0], own_amaxes[0]), 1e-2) << at << ": input amax";
+    own->weight.mutable_grad().reset();
+    fused->weight.mutable_grad().reset();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Float8RmsNorm,
+                         ::testing::Values(Case{true, torch::kFloat, 128}, Case{true, torch::kBFloat16, 48},
+                                           Case{false, torch::kFloat, 48}, Case{false, torch::kBFloat16, 128}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return std::string(info.param.residual ? "Add" : "") + "RmsNormOf" +
+                                  (info.param.stream_dtype == torch::kFloat ? "Fp32" : "Bf16") + "Rows" +
+                                  std::to_string(info.param.rows);
+                         });
+
+TEST(Float8RmsNormFallback, RunsTheUnfusedNormWhereTheLayerCannotTakeTheCast) {
+  torch::manual_seed(22);
+  const auto on_gpu = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
+  ddp::Float8Linear current(torch::nn::LinearOptions(64, 32), ddp::Float8Options());
+  ddp::Float8Linear shared_a(torch::nn::LinearOptions(64, 32), delayed());
+  ddp::Float8Linear shared_b(torch::nn::LinearOptions(64, 32), delayed());
+  ddp::float8::share_input_cast({shared_a.get(), shared_b.get()});
+  ddp::Float8Linear delayed_layer(torch::nn::LinearOptions(64, 32), delayed());
+  for (auto* layer : {current.get(), shared_a.get(), delayed_layer.get()}) layer->to(kGpu);
+  const auto weight = torch::rand({64}, on_gpu.dtype(torch::kFloat));
+  const auto x = torch::randn({32, 64}, on_gpu);
+  const auto rows24 = x.narrow(0, 0, 24);
+  const auto unfused = ddp::RMSNormOptions().fused(false);
+  struct Fallback {
+    const char* why;
+    torch::Tensor normed, expected;
+  };
+  const Fallback fallbacks[] = {
+      {"current scaling", ddp::float8::rms_norm(x, weight, *current), ddp::rms_norm(x, weight)},
+      {"a layer sharing its input cast", ddp::float8::rms_norm(x, weight, *shared_a), ddp::rms_norm(x, weight)},
+      {"rows not a multiple of 16", ddp::float8::rms_norm(rows24, weight, *delayed_layer),
+       ddp::rms_norm(rows24, weight)},
+      {"fused(false)", ddp::float8::rms_norm(x, weight, *delayed_layer, unfused), ddp::rms_norm(x, weight, unfused)},
+  };
+  for (const Fallback& fallback : fallbacks) {
+    ASSERT_NE(fallback.normed.stride(0), 0) << fallback.why << ": the norm must return its values";
+    EXPECT_TRUE(torch::equal(fallback.normed, fallback.expected)) << fallback.why;
+  }
+}
+
+}  // namespace
