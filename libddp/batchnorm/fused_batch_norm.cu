@@ -25,33 +25,13 @@
 #include "batchnorm/kernels.h"
 #include "cuda/cuda_check.h"
 #include "cuda/float_conversions.cuh"
+#include "cuda/packs.cuh"
 
 namespace ddp::detail {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kFinishWays = 32;  // threads merging one channel's partial results
-
-/// V values moved by one load or store (8 or 16 bytes).
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
-template <typename T, int V>
-__device__ __forceinline__ void load(const T* p, float (&out)[V]) {
-  const Pack<T, V> pack = *reinterpret_cast<const Pack<T, V>*>(p);
-#pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = to_float(pack.v[i]);
-}
-
-template <typename T, int V>
-__device__ __forceinline__ void store(T* p, const float (&in)[V]) {
-  Pack<T, V> pack;
-#pragma unroll
-  for (int i = 0; i < V; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, V>*>(p) = pack;
-}
 
 /// Chan's merge of two Welford accumulators (count, mean, sum of squared deviations).
 __device__ __forceinline__ void merge(float& n, float& mean, float& m2, float n_b, float mean_b, float m2_b) {
@@ -87,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   if (owns) {
     for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
       float v[V];
-      load(x + row * channels + group * V, v);
+      load_as_floats(x + row * channels + group * V, v);
       n += 1.f;
       const float inverse = 1.f / n;
 #pragma unroll
@@ -238,15 +218,15 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t row = range.first + threadIdx.y; row < range.last; row += blockDim.y) {
     const int64_t at = row * channels + c;
     float v[V];
-    load(x + at, v);
+    load_as_floats(x + at, v);
     float r[V] = {};
-    if (residual != nullptr) load(residual + at, r);
+    if (residual != nullptr) load_as_floats(residual + at, r);
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const float out = v[i] * scale[i] + shift[i] + r[i];
       v[i] = relu ? fmaxf(out, 0.f) : out;
     }
-    store(y + at, v);
+    store_from_floats(y + at, v);
   }
 }
 
@@ -255,10 +235,10 @@ __global__ void __launch_bounds__(kThreads)
 template <typename T, int V>
 __device__ __forceinline__ void gradient_before_relu(const T* grad_y, const T* y, int64_t at, bool relu,
                                                      float (&dz)[V]) {
-  load(grad_y + at, dz);
+  load_as_floats(grad_y + at, dz);
   if (!relu) return;
   float out[V];
-  load(y + at, out);
+  load_as_floats(y + at, out);
 #pragma unroll
   for (int i = 0; i < V; ++i) dz[i] = out[i] > 0.f ? dz[i] : 0.f;
 }
@@ -283,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t at = row * channels + c;
       float dz[V], v[V];
       gradient_before_relu(grad_y, y, at, relu, dz);
-      load(x + at, v);
+      load_as_floats(x + at, v);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         sum_dz[i] += dz[i];
@@ -423,11 +403,11 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t at = row * channels + c;
     float dz[V], v[V];
     gradient_before_relu(grad_y, y, at, relu, dz);
-    if (grad_residual != nullptr) store(grad_residual + at, dz);
-    load(x + at, v);
+    if (grad_residual != nullptr) store_from_floats(grad_residual + at, dz);
+    load_as_floats(x + at, v);
 #pragma unroll
     for (int i = 0; i < V; ++i) v[i] = a[i] * dz[i] - b[i] - k[i] * (v[i] - mu[i]);
-    store(grad_x + at, v);
+    store_from_floats(grad_x + at, v);
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -25,6 +26,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/float_conversions.cuh"
+#include "cuda/packs.cuh"
 #include "cuda/warp_reduce.cuh"
 #include "float8/kernels.h"
 #include "float8/tile.cuh"
@@ -51,26 +53,6 @@ constexpr int kBlocksPerSm = 2;
 /// reads (8 rows x 4 words per warp) hit 32 different banks, and even, for
 /// the 8-byte writes.
 __host__ __device__ int64_t strip_stride_words(int64_t cols) { return (cols / 4 + 31 - 4) / 32 * 32 + 4; }
-
-template <typename T>
-struct alignas(sizeof(T) * kPack) Pack {
-  T v[kPack];
-};
-
-template <typename T>
-__device__ __forceinline__ void load_floats(const T* source, float (&values)[kPack]) {
-  const Pack<T> pack = *reinterpret_cast<const Pack<T>*>(source);
-#pragma unroll
-  for (int k = 0; k < kPack; ++k) values[k] = to_float(pack.v[k]);
-}
-
-template <typename T>
-__device__ __forceinline__ void store_floats(T* destination, const float (&values)[kPack]) {
-  Pack<T> pack;
-#pragma unroll
-  for (int k = 0; k < kPack; ++k) pack.v[k] = from_float<T>(values[k]);
-  *reinterpret_cast<Pack<T>*>(destination) = pack;
-}
 
 struct NormToFloat8Args {
   const void* x;      // [rows, cols], In
@@ -112,14 +94,14 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_ker
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t pack = first + 32 * u;
-        if (pack < packs) load_floats(x + pack * kPack, h[u]);
+        if (pack < packs) load_as_floats(x + pack * kPack, h[u]);
       }
       if constexpr (kResidual) {
         float d[kUnroll][kPack];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const int64_t pack = first + 32 * u;
-          if (pack < packs) load_floats(delta + pack * kPack, d[u]);
+          if (pack < packs) load_as_floats(delta + pack * kPack, d[u]);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
@@ -129,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_ker
             // and as backward will read it.
 #pragma unroll
           for (int k = 0; k < kPack; ++k) h[u][k] = to_float(from_float<In>(h[u][k] + d[u][k]));
-          store_floats(sum + pack * kPack, h[u]);
+          store_from_floats(sum + pack * kPack, h[u]);
         }
       }
 #pragma unroll
@@ -152,8 +134,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_ker
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t pack = first + 32 * u;
         if (pack >= packs) continue;
-        load_floats(normed + pack * kPack, h[u]);
-        load_floats(args.weight + pack * kPack, w[u]);
+        load_as_floats(normed + pack * kPack, h[u]);
+        load_as_floats(args.weight + pack * kPack, w[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -205,20 +187,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_ker
     int bits = warp_amax[0];
     for (int w = 1; w < kWarps; ++w) bits = max(bits, warp_amax[w]);
     atomicMax(reinterpret_cast<int*>(args.amax), bits);
-  }
-}
-
-template <typename T>
-struct Type {
-  using type = T;
-};
-
-template <typename F>
-void with_cuda_type(c10::ScalarType dtype, F&& f) {
-  switch (dtype) {
-    case at::kBFloat16: return f(Type<__nv_bfloat16>{});
-    case at::kHalf: return f(Type<__half>{});
-    default: return f(Type<float>{});
   }
 }
 
@@ -287,24 +255,22 @@ void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::
   const auto bytes = static_cast<int>(shared_bytes(cols));
   const auto blocks = static_cast<unsigned>((rows + kStripRows - 1) / kStripRows);
   const bool e4m3 = y.data.scalar_type() == at::kFloat8_e4m3fn;
-  with_cuda_type(x.scalar_type(), [&](auto in) {
-    using In = typename decltype(in)::type;
-    with_cuda_type(out_dtype, [&](auto out) {
-      using Out = typename decltype(out)::type;
-      const auto launch = [&](auto kernel) {
-        // More than the default 48 KiB of dynamic shared memory must be asked for.
-        DDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-        kernel<<<blocks, kThreads, bytes, stream>>>(args);
-        DDP_CUDA_CHECK_LAUNCH("rms_norm_to_float8_kernel");
-      };
-      if (residual) {
-        e4m3 ? launch(rms_norm_to_float8_kernel<In, Out, true, __NV_E4M3>)
-             : launch(rms_norm_to_float8_kernel<In, Out, true, __NV_E5M2>);
-      } else {
-        e4m3 ? launch(rms_norm_to_float8_kernel<In, Out, false, __NV_E4M3>)
-             : launch(rms_norm_to_float8_kernel<In, Out, false, __NV_E5M2>);
-      }
-    });
+  with_cuda_types(x.scalar_type(), out_dtype, "rms_norm_to_float8", [&](auto* in_type, auto* out_type) {
+    using In = std::remove_pointer_t<decltype(in_type)>;
+    using Out = std::remove_pointer_t<decltype(out_type)>;
+    const auto launch = [&](auto kernel) {
+      // More than the default 48 KiB of dynamic shared memory must be asked for.
+      DDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      kernel<<<blocks, kThreads, bytes, stream>>>(args);
+      DDP_CUDA_CHECK_LAUNCH("rms_norm_to_float8_kernel");
+    };
+    if (residual) {
+      e4m3 ? launch(rms_norm_to_float8_kernel<In, Out, true, __NV_E4M3>)
+           : launch(rms_norm_to_float8_kernel<In, Out, true, __NV_E5M2>);
+    } else {
+      e4m3 ? launch(rms_norm_to_float8_kernel<In, Out, false, __NV_E4M3>)
+           : launch(rms_norm_to_float8_kernel<In, Out, false, __NV_E5M2>);
+    }
   });
 }
 

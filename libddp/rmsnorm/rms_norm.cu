@@ -23,6 +23,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/float_conversions.cuh"
+#include "cuda/packs.cuh"
 #include "cuda/warp_reduce.cuh"
 #include "rmsnorm/kernels.h"
 
@@ -30,35 +31,6 @@ namespace ddp::detail {
 namespace {
 
 constexpr int kThreads = 256;
-
-/// N consecutive elements, loaded and stored as one access (N * sizeof(T) bytes).
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Pack {
-  T v[N];
-};
-
-/// Calls f(static_cast<T*>(nullptr)) with T the CUDA type of `dtype`: fp32,
-/// bf16 or fp16 (the pointer only carries the type).
-template <typename F>
-void with_cuda_type(c10::ScalarType dtype, const char* what, F&& f) {
-  if (dtype == c10::kFloat) {
-    f(static_cast<float*>(nullptr));
-  } else if (dtype == c10::kBFloat16) {
-    f(static_cast<__nv_bfloat16*>(nullptr));
-  } else {
-    TORCH_CHECK(dtype == c10::kHalf, what, ": fp32, bf16 or fp16 expected, got ", dtype);
-    f(static_cast<__half*>(nullptr));
-  }
-}
-
-/// Calls f(In*, Out*), null pointers as with_cuda_type's, with the CUDA
-/// types of the kernels' input dtype `in` and output (or output gradient)
-/// dtype `out`.
-template <typename F>
-void with_cuda_types(c10::ScalarType in, c10::ScalarType out, const char* what, F&& f) {
-  with_cuda_type(in, what,
-                 [&](auto* in_type) { with_cuda_type(out, what, [&](auto* out_type) { f(in_type, out_type); }); });
-}
 
 /// The sum of `value` over the block, returned to every thread. Every thread
 /// of the block must call it; blockDim.x a multiple of 32, at most kThreads.
