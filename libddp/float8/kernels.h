@@ -57,9 +57,10 @@ void swiglu_gradients_to_float8(const at::Tensor& grad_y, const at::Tensor& gate
                                 Float8Tensor& grad_gate, Float8Tensor& grad_up);
 
 /// Whether rms_norm_to_float8 takes x [..., cols] (and delta, if defined):
-/// contiguous CUDA tensors, 32-byte aligned, rows and cols multiples of 16
-/// (as FP8 matmuls need), and cols few enough that a block's shared memory
-/// holds 32 rows of the FP8 output (7,000 or so on an H100).
+/// contiguous fp32, bf16 or fp16 CUDA tensors on one device, 16-byte
+/// aligned, rows and cols multiples of 16 (as FP8 matmuls need), and cols few
+/// enough that a block's shared memory holds 32 rows of the FP8 output
+/// (7,000 or so on an H100).
 bool rms_norm_to_float8_takes(const at::Tensor& x, const at::Tensor& delta);
 
 /// x * rsqrt(mean(x^2 over the last dim) + eps) * weight (of x + delta,
@@ -69,7 +70,7 @@ bool rms_norm_to_float8_takes(const at::Tensor& x, const at::Tensor& delta);
 /// transpose and amax, with y's given scale: delayed scaling), with the
 /// per-row rsqrt to `rstd` [rows] for backward. x, delta and sum [rows,
 /// cols] as rms_norm_to_float8_takes says; delta in out_dtype, sum in x's
-/// dtype; weight [cols] fp32.
+/// dtype; weight [cols] fp32, contiguous and 16-byte aligned.
 void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
                         c10::ScalarType out_dtype, const at::Tensor& sum, const at::Tensor& rstd, Float8Tensor& y);
 

@@ -49,10 +49,11 @@ constexpr int kUnroll = 2;  // packs a lane loads before it uses the first, to k
 constexpr int kBlocksPerSm = 2;
 
 /// Words from one row of the shared strip to the next: the row's cols / 4
-/// words, padded to 4 more than a multiple of 32 so that the transposing
-/// reads (8 rows x 4 words per warp) hit 32 different banks, and even, for
-/// the 8-byte writes.
-__host__ __device__ int64_t strip_stride_words(int64_t cols) { return (cols / 4 + 31 - 4) / 32 * 32 + 4; }
+/// words, padded to 2 more than a multiple of 8. Even, for the 8-byte
+/// writes; and the transposing reads (8 rows 4 apart x 4 words per warp)
+/// then fall in 16 banks twice, where a stride of 4 more than a multiple of
+/// 32 put them in 8 banks four times.
+__host__ __device__ int64_t strip_stride_words(int64_t cols) { return (cols / 4 + 5) / 8 * 8 + 2; }
 
 struct NormToFloat8Args {
   const void* x;      // [rows, cols], In
@@ -71,7 +72,7 @@ struct NormToFloat8Args {
 
 template <typename In, typename Delta, bool kResidual, __nv_fp8_interpretation_t kFormat>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_kernel(const NormToFloat8Args args) {
-  extern __shared__ uint32_t strip[];  // [kStripRows][strip_stride_words(cols)]
+  extern __shared__ __align__(16) uint32_t strip[];  // [kStripRows][strip_stride_words(cols)]
   const int64_t cols = args.cols;
   const int64_t stride_words = strip_stride_words(cols);
   const int64_t packs = cols / kPack;
@@ -195,29 +196,38 @@ int64_t shared_bytes(int64_t cols) {
   return kStripRows * strip_stride_words(cols) * static_cast<int64_t>(sizeof(uint32_t));
 }
 
+/// The dynamic shared memory a block on `device` may have: the opt-in less
+/// the kernel's static warp_amax (the attribute refuses more). The kernels
+/// are allowed all of it, so that no launch shrinks what another relies on.
+int dynamic_shared_limit(int device) {
+  int bytes = 0;
+  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes - static_cast<int>(sizeof(int)) * kWarps;
+}
+
 }  // namespace
 
 bool rms_norm_to_float8_takes(const at::Tensor& x, const at::Tensor& delta) {
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0) return false;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
-  const auto aligned = [](const at::Tensor& t) {
-    return !t.defined() || reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 32 == 0;
+  const auto fits = [&](const at::Tensor& t) {
+    return !t.defined() ||
+           (t.is_contiguous() && t.device() == x.device() && reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0);
   };
-  int device_shared_bytes = 0;
-  DDP_CUDA_CHECK(cudaDeviceGetAttribute(&device_shared_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, x.get_device()));
-  return rows % 16 == 0 && cols % 16 == 0 && rows / kStripRows < INT32_MAX && aligned(x) && aligned(delta) &&
-         x.is_contiguous() && (!delta.defined() || delta.is_contiguous()) &&
-         shared_bytes(cols) + static_cast<int64_t>(sizeof(int)) * kWarps <= device_shared_bytes;
+  const auto dtype = x.scalar_type();
+  return (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf) && rows % 16 == 0 && cols % 16 == 0 &&
+         rows / kStripRows < INT32_MAX && fits(x) && fits(delta) &&
+         shared_bytes(cols) <= dynamic_shared_limit(x.get_device());
 }
 
 void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
                         c10::ScalarType out_dtype, const at::Tensor& sum, const at::Tensor& rstd, Float8Tensor& y) {
-  TORCH_CHECK(x.dim() == 2 && rms_norm_to_float8_takes(x, delta), "rms_norm_to_float8: x ", x.sizes(),
-              " (and delta) must be contiguous, 32-byte aligned CUDA [rows, cols] with rows and cols multiples of 16, "
-              "and cols few enough for a block's shared memory");
+  TORCH_CHECK(x.dim() == 2 && rms_norm_to_float8_takes(x, delta), "rms_norm_to_float8: x ", x.sizes(), " ",
+              x.scalar_type(), " (with delta) does not fit: see rms_norm_to_float8_takes");
   const int64_t rows = x.size(0), cols = x.size(1);
-  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == cols,
-              "rms_norm_to_float8: weight must be fp32 [cols]");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == cols &&
+                  reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 16 == 0,
+              "rms_norm_to_float8: weight must be contiguous fp32 [cols], 16-byte aligned");
   TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() == rows, "rms_norm_to_float8: rstd must be fp32 [rows]");
   TORCH_CHECK(y.data.sizes() == x.sizes() && y.data.is_contiguous() && y.transposed.size(0) == cols &&
                   y.transposed.size(1) == rows && y.transposed.is_contiguous(),
@@ -229,12 +239,11 @@ void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::
                 "rms_norm_to_float8: delta (of x's shape, in out_dtype) and sum (of x's shape and dtype) must be "
                 "contiguous");
   }
-  // 16-byte loads and stores of whole packs; fp32 packs are 32 bytes.
-  TORCH_CHECK((!sum.defined() || reinterpret_cast<std::uintptr_t>(sum.data_ptr()) % 32 == 0) &&
-                  reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 32 == 0 &&
+  // Packs of 8: 16-byte accesses to sum, 8-byte stores of data, 4-byte of the transpose.
+  TORCH_CHECK((!sum.defined() || reinterpret_cast<std::uintptr_t>(sum.data_ptr()) % 16 == 0) &&
                   reinterpret_cast<std::uintptr_t>(y.data.data_ptr()) % 8 == 0 &&
                   reinterpret_cast<std::uintptr_t>(y.transposed.data_ptr()) % 4 == 0,
-              "rms_norm_to_float8: sum, weight, data and transposed must be aligned for their packs");
+              "rms_norm_to_float8: sum, data and transposed must be aligned for their packs");
   NormToFloat8Args args{};
   args.x = x.data_ptr();
   args.delta = residual ? delta.data_ptr() : nullptr;
@@ -253,14 +262,17 @@ void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::
   const c10::cuda::CUDAGuard device_guard(x.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.get_device());
   const auto bytes = static_cast<int>(shared_bytes(cols));
+  const int allowed_bytes = dynamic_shared_limit(x.get_device());
   const auto blocks = static_cast<unsigned>((rows + kStripRows - 1) / kStripRows);
   const bool e4m3 = y.data.scalar_type() == at::kFloat8_e4m3fn;
   with_cuda_types(x.scalar_type(), out_dtype, "rms_norm_to_float8", [&](auto* in_type, auto* out_type) {
     using In = std::remove_pointer_t<decltype(in_type)>;
     using Out = std::remove_pointer_t<decltype(out_type)>;
     const auto launch = [&](auto kernel) {
-      // More than the default 48 KiB of dynamic shared memory must be asked for.
-      DDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      // More than the default 48 KiB of dynamic shared memory must be asked
+      // for; always the device's whole opt-in, so that two threads
+      // launching for different widths cannot shrink each other's.
+      DDP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, allowed_bytes));
       kernel<<<blocks, kThreads, bytes, stream>>>(args);
       DDP_CUDA_CHECK_LAUNCH("rms_norm_to_float8_kernel");
     };

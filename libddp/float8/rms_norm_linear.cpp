@@ -36,18 +36,24 @@ variable_list norm_to_float8_forward(AutogradContext* context, const at::Tensor&
                                      TensorScaling* input_scaling) {
   const int64_t cols = x.size(-1);
   const at::Tensor rows = x.contiguous().view({-1, cols});
-  const at::Tensor weight32 = weight.to(at::kFloat).contiguous();
+  at::Tensor weight32 = weight.to(at::kFloat).contiguous();
+  // The kernel reads 16-byte packs of it: a weight at another offset (a
+  // slice, a parameter inside a flat buffer) is read from an aligned copy.
+  if (reinterpret_cast<std::uintptr_t>(weight32.data_ptr()) % 16 != 0) weight32 = weight32.clone();
   const bool residual = delta.defined();
-  const at::Tensor sum = residual ? at::empty_like(rows) : at::Tensor();
+  // A tensor of its own in x's shape, not a view made in here: autograd
+  // refuses in-place changes to a custom function's view outputs, and
+  // ddp::add_rms_norm's h may be changed in place.
+  const at::Tensor sum = residual ? at::empty(x.sizes(), rows.options()) : at::Tensor();
   const at::Tensor rstd = at::empty({rows.size(0)}, rows.options().dtype(at::kFloat));
   Float8Tensor y = input_scaling->destination(rows.size(0), cols);
-  rms_norm_to_float8(rows, residual ? delta.contiguous().view({-1, cols}) : at::Tensor(), weight32, eps, out_dtype, sum,
-                     rstd, y);
-  save_rms_norm_for_backward(context, (residual ? sum : rows).view(x.sizes()), weight32, rstd, weight.scalar_type(),
+  rms_norm_to_float8(rows, residual ? delta.contiguous().view({-1, cols}) : at::Tensor(), weight32, eps, out_dtype,
+                     residual ? sum.view({-1, cols}) : at::Tensor(), rstd, y);
+  save_rms_norm_for_backward(context, residual ? sum : rows.view(x.sizes()), weight32, rstd, weight.scalar_type(),
                              out_dtype);
   const at::Tensor placeholder = input_scaling->offer(y, x.sizes(), out_dtype);
   if (!residual) return {placeholder};
-  return {sum.view(x.sizes()), placeholder};
+  return {sum, placeholder};
 }
 
 struct RmsNormToFloat8Function : torch::autograd::Function<RmsNormToFloat8Function> {
@@ -83,7 +89,8 @@ std::pair<TensorScaling*, c10::ScalarType> fusable(const at::Tensor& x, const at
   const std::optional<c10::ScalarType> out_dtype = fused_rms_norm_dtype(x, weight, options);
   // A layer sharing its input cast with others (float8::share_input_cast)
   // would hand them the placeholder, which holds no values: not fused.
-  if (!out_dtype || Float8LinearAccess::shared_input(layer) != nullptr ||
+  // The layer must take the cast: a width it refuses would leave it waiting.
+  if (!out_dtype || Float8LinearAccess::shared_input(layer) != nullptr || x.size(-1) != layer.options.in_features() ||
       (delta.defined() &&
        (delta.sizes() != x.sizes() || delta.scalar_type() != *out_dtype || delta.device() != x.device())) ||
       !rms_norm_to_float8_takes(x, delta)) {

@@ -3,6 +3,7 @@
 // output (forward, every gradient, the amax the layer's history takes), and
 // falls back to ddp::rms_norm where it cannot fuse.
 
+#include <cstdio>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 
 #include <ddp/ddp.h>
 
+#include "float8/linear_state.h"
 #include "support/relative_error.h"
 
 namespace {
@@ -120,7 +122,8 @@ TEST(Float8RmsNormFallback, RunsTheUnfusedNormWhereTheLayerCannotTakeTheCast) {
   ddp::Float8Linear shared_b(torch::nn::LinearOptions(64, 32), delayed());
   ddp::float8::share_input_cast({shared_a.get(), shared_b.get()});
   ddp::Float8Linear delayed_layer(torch::nn::LinearOptions(64, 32), delayed());
-  for (auto* layer : {current.get(), shared_a.get(), delayed_layer.get()}) layer->to(kGpu);
+  ddp::Float8Linear narrower(torch::nn::LinearOptions(32, 32), delayed());
+  for (auto* layer : {current.get(), shared_a.get(), delayed_layer.get(), narrower.get()}) layer->to(kGpu);
   const auto weight = torch::rand({64}, on_gpu.dtype(torch::kFloat));
   const auto x = torch::randn({32, 64}, on_gpu);
   const auto rows24 = x.narrow(0, 0, 24);
@@ -135,10 +138,59 @@ TEST(Float8RmsNormFallback, RunsTheUnfusedNormWhereTheLayerCannotTakeTheCast) {
       {"rows not a multiple of 16", ddp::float8::rms_norm(rows24, weight, *delayed_layer),
        ddp::rms_norm(rows24, weight)},
       {"fused(false)", ddp::float8::rms_norm(x, weight, *delayed_layer, unfused), ddp::rms_norm(x, weight, unfused)},
+      {"a layer of another width", ddp::float8::rms_norm(x, weight, *narrower), ddp::rms_norm(x, weight)},
   };
   for (const Fallback& fallback : fallbacks) {
     ASSERT_NE(fallback.normed.stride(0), 0) << fallback.why << ": the norm must return its values";
     EXPECT_TRUE(torch::equal(fallback.normed, fallback.expected)) << fallback.why;
+  }
+}
+
+/// The FP8 bytes the norm writes against the cast of ddp::rms_norm's output
+/// with the same scale: equal but where the two norms' sums of squares,
+/// added in different orders, tip a rounding (rare, and by one FP8 step).
+/// Widths past 48 KiB of shared memory a block (2048, 7168 columns: 66 and
+/// 224 KiB), and one past what a block can have (8192), which falls back.
+TEST(Float8RmsNormBytes, EqualTheCastOfTheUnfusedNorm) {
+  for (const std::int64_t cols : {2048, 7168, 8192}) {
+    const std::string at = std::to_string(cols) + " columns";
+    torch::manual_seed(23);
+    const auto on_gpu = torch::TensorOptions().device(kGpu);
+    ddp::Float8Linear layer(torch::nn::LinearOptions(cols, 16).bias(false), delayed());
+    layer->to(kGpu);
+    const auto x = torch::randn({64, cols}, on_gpu.dtype(torch::kBFloat16));
+    // A weight at a 4-byte offset (a slice of a flat buffer): the kernel reads an aligned copy.
+    const auto weight = (torch::rand({cols + 1}, on_gpu) + 0.5).narrow(0, 1, cols);
+    ddp::detail::TensorScaling* scaling = ddp::detail::Float8LinearAccess::fusable_input_scaling(*layer, kGpu);
+    ASSERT_NE(scaling, nullptr) << at;
+    const auto normed = ddp::float8::rms_norm(x, weight, *layer);
+    if (cols == 8192) {
+      EXPECT_NE(normed.stride(0), 0) << at << ": too wide for a block's shared memory, the norm returns values";
+      EXPECT_TRUE(torch::equal(normed, ddp::rms_norm(x, weight))) << at;
+      continue;
+    }
+    ASSERT_EQ(normed.stride(0), 0) << at << ": the fused path did not run";
+    const auto written = scaling->take_offered(normed, "input");
+    ASSERT_TRUE(written.has_value()) << at;
+    EXPECT_TRUE(
+        torch::equal(written->transposed.view(torch::kUInt8), written->data.t().contiguous().view(torch::kUInt8)))
+        << at << ": the transpose";
+    ddp::Float8Tensor expected;
+    expected.data = torch::empty_like(written->data);
+    expected.transposed = torch::empty_like(written->transposed);
+    expected.amax = torch::zeros({}, on_gpu);
+    expected.scale = written->scale.clone();
+    ddp::float8::cast_transpose(ddp::rms_norm(x, weight), expected);
+    const auto differing = written->data.view(torch::kUInt8).ne(expected.data.view(torch::kUInt8));
+    const double share = differing.sum().item<double>() / static_cast<double>(differing.numel());
+    std::printf("%s: %.2g of the FP8 bytes differ\n", at.c_str(), share);
+    EXPECT_LT(share, 1e-3) << at;
+    // One E4M3 step: an eighth of a normal value, 2^-9 among the subnormals.
+    const auto got = written->data.to(torch::kFloat), want = expected.data.to(torch::kFloat);
+    const auto beyond_a_step = (got - want).abs() - 0.125 * want.abs();
+    EXPECT_LE(beyond_a_step.max().item<double>(), 1.0 / 512) << at << ": a value off by more than one E4M3 step";
+    EXPECT_NEAR(scaling->pending_amax().item<float>(), expected.amax.item<float>(), 1e-2 * expected.amax.item<float>())
+        << at << ": amax";
   }
 }
 
