@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 31, call 3, on main with the norm-to-FP8 review fixes: (1) 300-step training curves of the fused paths
+# (fp8: norm writing wqkv's FP8 input, SwiGLU writing w2's, FP8 kernels; bf16: fused RMSNorm, RoPE, SwiGLU, loss)
+# against --unfused (PyTorch reference's ATen ops, FP8 casts unfused), same seed, and the fused run with seed 1 for
+# the noise; (2) run_scaling side by side on one GPU: LLaMA-1.1B bf16 libddp captured / PyTorch eager /
+# torch.compile, and fp8 libddp captured; (3) LLaMA-2-7B bf16 batch 1 captured. Each stage bounded so the call
+# stays under ten minutes.
+set -u
+: "${OUT:?}"
+SECONDS=0
+nvidia-smi -L
+{ bash cmake/scripts/configure.sh python build/gpu -DDDP_WARNINGS_AS_ERRORS=ON -DTORCH_CUDA_ARCH_LIST=9.0 &&
+  cmake --build build/gpu --target scaling_bench ddprun train_llama; } > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
+echo "build at $SECONDS s"
+ddprun=build/gpu/libddp/ddprun
+mkdir -p /tmp/curves
+small="--preset tiny --dim 256 --layers 4 --heads 4 --kv-heads 2 --ffn 704 --vocab 512 --seq-len 256 --batch 16
+  --steps 300 --log-every 25"
+curve() {  # name, then train_llama flags
+  local name=$1; shift
+  timeout 90 $ddprun --nproc-per-node 1 --standalone build/gpu/examples/llama/train_llama $small \
+    --metrics /tmp/curves/$name.jsonl "$@" > /tmp/curves/$name.log 2>&1
+  echo "curve $name rc=$? at $SECONDS s: $(grep -o 'validation loss [0-9.]*' /tmp/curves/$name.log | tail -1)"
+}
+curve fp8-fused --precision fp8 --fp8-fast-accum
+curve fp8-unfused --precision fp8 --fp8-fast-accum --unfused
+curve fp8-fused-seed1 --precision fp8 --fp8-fast-accum --seed 1
+curve bf16-fused --precision bf16
+curve bf16-unfused --precision bf16 --unfused
+(cd /tmp/curves && tar czf "$OUT/curves.tgz" ./*)
+common="--build build/gpu --out $OUT --gpus 1 --models llama --steps 20 --warmup 5"
+timeout 300 python3 benchmarks/scaling/run_scaling.py $common --prefix side-by-side-bf16 --precisions bf16 \
+  --impls libddp-graph,pytorch,pytorch-compile > /tmp/bf16.log 2>&1
+echo "run_scaling bf16 rc=$? at $SECONDS s"
+timeout 100 python3 benchmarks/scaling/run_scaling.py $common --prefix side-by-side-fp8 --precisions fp8 \
+  --fp8-fast-accum --impls libddp-graph > /tmp/fp8.log 2>&1
+echo "run_scaling fp8 rc=$? at $SECONDS s"
+left=$((560 - SECONDS))
+if [[ $left -gt 60 ]]; then
+  timeout $left $ddprun --nproc-per-node 1 --standalone build/gpu/benchmarks/scaling/scaling_bench --model llama \
+    --preset llama2-7b --batch 1 --precision bf16 --cuda-graph --steps 10 --warmup 3 --json "$OUT/llama2-7b.jsonl" \
+    > /tmp/7b.log 2>&1
+  echo "llama2-7b rc=$? at $SECONDS s"; tail -5 /tmp/7b.log
+fi
+(cd /tmp && tar czf "$OUT/logs.tgz" bf16.log fp8.log 7b.log build.log 2>/dev/null)
+rm -f "$OUT"/*.svg
