@@ -450,7 +450,7 @@ constexpr int kNarrowestVector = 4;
 int vector_width(const at::Tensor& input, std::initializer_list<at::Tensor> activations) {
   if (input.element_size() != 2 || input.size(1) % 8 != 0) return kNarrowestVector;
   for (const at::Tensor& tensor : activations) {
-    if (tensor.defined() && reinterpret_cast<std::uintptr_t>(tensor.data_ptr()) % 16 != 0) return kNarrowestVector;
+    if (tensor.defined() && !aligned(tensor.data_ptr(), 16)) return kNarrowestVector;
   }
   return 8;
 }
@@ -570,7 +570,7 @@ bool fits_fused_batch_norm(const at::Tensor& input) {
   const bool layout = (input.dim() == 4 && input.is_contiguous(at::MemoryFormat::ChannelsLast)) ||
                       (input.dim() == 2 && input.is_contiguous());
   return fits_synchronised_batch_norm(input) && layout && input.numel() > 0 &&
-         reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (kNarrowestVector * input.element_size()) == 0;
+         aligned(input.data_ptr(), kNarrowestVector * input.element_size());
 }
 
 void fused_batch_norm_forward(const at::Tensor& input, const at::Tensor& residual, const at::Tensor& weight,

@@ -14,6 +14,7 @@
 #include "comm/copy_engine_kernels.h"
 #include "cuda/cuda_check.h"
 #include "cuda/float_conversions.cuh"
+#include "cuda/packs.cuh"
 
 namespace ddp::detail {
 namespace {
@@ -79,19 +80,17 @@ __global__ void __launch_bounds__(kThreads) reduce_chunk_kernel(KernelArgs args)
   }
 }
 
-bool aligned(const void* pointer) { return reinterpret_cast<std::uintptr_t>(pointer) % kVectorBytes == 0; }
-
 template <typename T, typename Out, ChunkOp Op>
 void launch(const ChunkReduction& r, cudaStream_t stream) {
   KernelArgs args{};
   bool vectorized = true;
   for (int s = 0; s < r.source_count; ++s) {
     args.sources[s] = r.sources[s];
-    vectorized = vectorized && aligned(r.sources[s]);
+    vectorized = vectorized && aligned(r.sources[s], kVectorBytes);
   }
   for (int o = 0; o < 2; ++o) {
     args.outputs[o] = r.outputs[o];
-    vectorized = vectorized && (r.outputs[o] == nullptr || aligned(r.outputs[o]));
+    vectorized = vectorized && (r.outputs[o] == nullptr || aligned(r.outputs[o], kVectorBytes));
   }
   args.source_count = r.source_count;
   args.numel = r.numel;

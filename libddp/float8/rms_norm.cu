@@ -211,8 +211,7 @@ bool rms_norm_to_float8_takes(const at::Tensor& x, const at::Tensor& delta) {
   if (!x.is_cuda() || x.dim() < 1 || x.numel() == 0) return false;
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   const auto fits = [&](const at::Tensor& t) {
-    return !t.defined() ||
-           (t.is_contiguous() && t.device() == x.device() && reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0);
+    return !t.defined() || (t.is_contiguous() && t.device() == x.device() && aligned(t.data_ptr(), 16));
   };
   const auto dtype = x.scalar_type();
   return (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf) && rows % 16 == 0 && cols % 16 == 0 &&
@@ -226,7 +225,7 @@ void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::
               x.scalar_type(), " (with delta) does not fit: see rms_norm_to_float8_takes");
   const int64_t rows = x.size(0), cols = x.size(1);
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == cols &&
-                  reinterpret_cast<std::uintptr_t>(weight.data_ptr()) % 16 == 0,
+                  aligned(weight.data_ptr(), 16),
               "rms_norm_to_float8: weight must be contiguous fp32 [cols], 16-byte aligned");
   TORCH_CHECK(rstd.scalar_type() == at::kFloat && rstd.numel() == rows, "rms_norm_to_float8: rstd must be fp32 [rows]");
   TORCH_CHECK(y.data.sizes() == x.sizes() && y.data.is_contiguous() && y.transposed.size(0) == cols &&
@@ -240,9 +239,8 @@ void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::
                 "contiguous");
   }
   // Packs of 8: 16-byte accesses to sum, 8-byte stores of data, 4-byte of the transpose.
-  TORCH_CHECK((!sum.defined() || reinterpret_cast<std::uintptr_t>(sum.data_ptr()) % 16 == 0) &&
-                  reinterpret_cast<std::uintptr_t>(y.data.data_ptr()) % 8 == 0 &&
-                  reinterpret_cast<std::uintptr_t>(y.transposed.data_ptr()) % 4 == 0,
+  TORCH_CHECK((!sum.defined() || aligned(sum.data_ptr(), 16)) && aligned(y.data.data_ptr(), 8) &&
+                  aligned(y.transposed.data_ptr(), 4),
               "rms_norm_to_float8: sum, data and transposed must be aligned for their packs");
   NormToFloat8Args args{};
   args.x = x.data_ptr();

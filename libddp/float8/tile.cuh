@@ -26,6 +26,7 @@
 
 #include "cuda/cuda_check.h"
 #include "cuda/float_conversions.cuh"
+#include "cuda/packs.cuh"
 #include "cuda/warp_reduce.cuh"
 #include "float8/kernels.h"
 
@@ -310,10 +311,6 @@ void launch_with_format(const TileArgs<kInputs, kOutputs>& args, const Compute& 
         <<<grid, kThreads, 0, stream>>>(args, compute);
   }
   DDP_CUDA_CHECK_LAUNCH("float8_tile_kernel");
-}
-
-inline bool aligned(const void* pointer, std::uintptr_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
 inline void check_scalar(const at::Tensor& tensor, const at::Tensor& like, const char* what, const char* name) {

@@ -10,6 +10,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/packs.cuh"
 
 namespace ddp::detail {
 namespace {
@@ -55,10 +56,6 @@ __device__ void update_range(const AdamWSegment& s, const AdamWHyper& h, const C
     *reinterpret_cast<Floats*>(s.exp_avg + e) = exp_avg;
     *reinterpret_cast<Floats*>(s.exp_avg_sq + e) = exp_avg_sq;
   }
-}
-
-__device__ bool aligned(const void* pointer, int bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
 }
 
 /// The segment block `chunk` works in: the last whose first chunk is at or

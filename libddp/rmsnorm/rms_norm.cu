@@ -199,8 +199,6 @@ __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const I
   }
 }
 
-bool aligned(const void* pointer, int64_t bytes) { return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0; }
-
 void check_input(const at::Tensor& t, const at::Tensor& like, const char* what, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.device() == like.device() && t.is_contiguous(), what, ": ", name,
               " must be contiguous on ", like.device(), ", got ", t.sizes(), " on ", t.device());
