@@ -348,7 +348,9 @@ TensorScaling* Float8LinearAccess::fusable_input_scaling(Float8LinearImpl& layer
 
 TensorScaling* Float8LinearAccess::fusable_grad_output_scaling(Float8LinearImpl& layer) {
   Float8LinearState* layer_state = state(layer);
-  return layer_state != nullptr && layer_state->grad_output.delayed() ? &layer_state->grad_output : nullptr;
+  return layer_state != nullptr && layer_state->grad_output.delayed() && !layer.bias.defined()
+             ? &layer_state->grad_output
+             : nullptr;
 }
 
 bool Float8LinearAccess::save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling) {
