@@ -16,6 +16,7 @@
 #include "batchnorm/absent_tensor.h"
 #include "batchnorm/group_capsule.h"
 #include "batchnorm/kernels.h"
+#include "cuda/alignment.h"
 #ifdef DDP_WITH_CUDNN
 #include "batchnorm/cudnn_batch_norm.h"
 #endif
@@ -61,7 +62,7 @@ at::MemoryFormat kernel_format(const at::Tensor& input) {
 at::Tensor kernel_ready(const at::Tensor& tensor, at::MemoryFormat format) {
   if (!tensor.defined()) return tensor;
   const at::Tensor contiguous = tensor.contiguous(format);
-  if (reinterpret_cast<std::uintptr_t>(contiguous.data_ptr()) % 16 == 0) return contiguous;
+  if (detail::aligned(contiguous.data_ptr(), 16)) return contiguous;
   return contiguous.clone(format);
 }
 

@@ -1,25 +1,19 @@
 #pragma once
 
-// Packs of consecutive elements moved as one access, their conversion to and
+// Packs of consecutive elements moved as one access (and, from
+// alignment.h, whether a pointer may take them), their conversion to and
 // from the fp32 the kernels compute in, and the dispatch from an ATen dtype
 // to its CUDA type: what the BatchNorm, RMSNorm and FP8 norm kernels share.
-
-#include <cstdint>
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda/alignment.h"
 #include "cuda/float_conversions.cuh"
 
 namespace ddp::detail {
-
-/// Whether `pointer` is a multiple of `bytes`: whether packs that wide may be
-/// read or written there.
-__host__ __device__ inline bool aligned(const void* pointer, std::uintptr_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(pointer) % bytes == 0;
-}
 
 /// N consecutive elements, loaded and stored together: aligned to their
 /// size up to 16 bytes (the widest access; a wider pack moves as several).

@@ -16,6 +16,7 @@
 #include <ddp/precision.h>
 #include <ddp/rms_norm.h>
 
+#include "cuda/alignment.h"
 #include "float8/kernels.h"
 #include "float8/linear_state.h"
 #include "rmsnorm/autograd.h"
@@ -39,7 +40,7 @@ variable_list norm_to_float8_forward(AutogradContext* context, const at::Tensor&
   at::Tensor weight32 = weight.to(at::kFloat).contiguous();
   // The kernel reads 16-byte packs of it: a weight at another offset (a
   // slice, a parameter inside a flat buffer) is read from an aligned copy.
-  if (reinterpret_cast<std::uintptr_t>(weight32.data_ptr()) % 16 != 0) weight32 = weight32.clone();
+  if (!aligned(weight32.data_ptr(), 16)) weight32 = weight32.clone();
   const bool residual = delta.defined();
   // A tensor of its own in x's shape, not a view made in here: autograd
   // refuses in-place changes to a custom function's view outputs, and
