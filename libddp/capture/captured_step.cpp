@@ -24,6 +24,7 @@
 #ifdef DDP_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -105,6 +106,12 @@ struct CapturedStep::Impl {
     at::cuda::CUDAEvent queued;
     queued.record(caller);
     queued.block(side);
+    // The recording allocates from a pool of its own, and while a capture is
+    // under way the caching allocator frees no cached block to make room: the
+    // blocks the eager steps left cached (their activations) go back to the
+    // device first, or a step that fits eagerly may not fit recorded
+    // (LLaMA-2-7B on one H200: 33 GiB cached, out of memory while recording).
+    c10::cuda::CUDACachingAllocator::emptyCache();
     graph = std::make_unique<at::cuda::CUDAGraph>();
     {
       const c10::cuda::CUDAStreamGuard stream_guard(side);
@@ -119,11 +126,14 @@ struct CapturedStep::Impl {
         }
         graph.reset();
         static_inputs.clear();
+        const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
         throw UsageError(fmt::format(
-            "ddp::CapturedStep: the step could not be recorded into a CUDA graph: {}. A recorded step must not "
-            "wait for the GPU on the host: no .item() or copy to the CPU, no find_unused_parameters without "
-            "static_graph; run such steps eagerly",
-            first_line_of(error)));
+            "ddp::CapturedStep: the step could not be recorded into a CUDA graph: {}. {}", first_line_of(error),
+            out_of_memory ? "The recorded step keeps its own memory for its activations beside the parameters, "
+                            "gradients and optimizer state: lower the batch or sequence length, shard (a "
+                            "DistributedDataParallel sharding mode), or run the step eagerly"
+                          : "A recorded step must not wait for the GPU on the host: no .item() or copy to the "
+                            "CPU, no find_unused_parameters without static_graph; run such steps eagerly"));
       }
       graph->capture_end();
     }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -154,6 +155,50 @@ TEST(CapturedStep, ShapeChangesAndHostSyncsAreUsageErrors) {
   const std::string sync = usage_error_of([&] { syncing({torch::randn({4, 8}, gpu)}); });
   EXPECT_NE(sync.find("could not be recorded into a CUDA graph"), std::string::npos) << sync;
   EXPECT_FALSE(syncing.captured());
+}
+
+// The recording's allocations come from a pool of their own, and during a
+// capture the caching allocator releases no cached block: with the process
+// capped at what the eager steps reserved plus half of their scratch tensor,
+// the recording fits only if the eager steps' cached scratch was released
+// before it.
+TEST(CapturedStep, RecordingReleasesTheEagerStepsCachedMemory) {
+  namespace allocator = c10::cuda::CUDACachingAllocator;
+  const torch::Device gpu(torch::kCUDA, 0);
+  torch::nn::Linear model(64, 64);
+  model->to(gpu);
+  ddp::optim::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  constexpr std::int64_t kScratchBytes = std::int64_t{1} << 30;
+  ddp::CapturedStep step(
+      optimizer,
+      [&](const std::vector<at::Tensor>& batch) {
+        optimizer.zero_grad(/*set_to_none=*/false);
+        // An activation-sized temporary, freed (to the cache) when the step ends.
+        const at::Tensor scratch = torch::ones({kScratchBytes / 4}, torch::TensorOptions(gpu));
+        at::Tensor loss = model(batch[0]).square().mean() + scratch.narrow(0, 0, 1).sum();
+        loss.backward();
+        optimizer.step();
+        return loss;
+      },
+      ddp::CapturedStepOptions().warmup_steps(2));
+  const at::Tensor batch = torch::randn({16, 64}, gpu);
+  step({batch});
+  step({batch});
+  ASSERT_FALSE(step.captured());
+  const auto reserved = allocator::getDeviceStats(gpu.index()).reserved_bytes[0].current;
+  std::size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  allocator::setMemoryFraction(static_cast<double>(reserved + kScratchBytes / 2) / static_cast<double>(total_bytes),
+                               gpu.index());
+  std::string error;
+  try {
+    step({batch});
+  } catch (const ddp::UsageError& e) {
+    error = e.what();
+  }
+  allocator::setMemoryFraction(1.0, gpu.index());
+  EXPECT_EQ(error, "");
+  EXPECT_TRUE(step.captured());
 }
 
 }  // namespace
