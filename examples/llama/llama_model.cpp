@@ -129,14 +129,16 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
 };
 
 // {x + delta, norm(x + delta)}: `fused`, one kernel where it applies
-// (ddp::add_rms_norm); else the add and then the norm. `reader`: the one
-// layer that reads the norm (RMSNormImpl::forward_into), or null.
+// (ddp::add_rms_norm); else the add and then the norm. `writer`: the layer
+// whose output delta is, whose FP8 output gradient the fused backward then
+// writes; `reader`: the one layer that reads the norm
+// (RMSNormImpl::forward_into). Either may be null.
 std::pair<torch::Tensor, torch::Tensor> add_and_norm(const torch::Tensor& x, const torch::Tensor& delta,
-                                                     RMSNormImpl& norm, bool fused, ddp::Float8LinearImpl* reader) {
+                                                     ddp::Float8LinearImpl* writer, RMSNormImpl& norm, bool fused,
+                                                     ddp::Float8LinearImpl* reader) {
   if (fused) {
     const auto options = ddp::RMSNormOptions().eps(norm.eps);
-    return reader != nullptr ? ddp::float8::add_rms_norm(x, delta, norm.weight, *reader, options)
-                             : ddp::add_rms_norm(x, delta, norm.weight, options);
+    return ddp::float8::add_rms_norm(x, delta, writer, norm.weight, reader, options);
   }
   torch::Tensor sum = x + delta;
   torch::Tensor normed = norm.forward_into(sum, reader);
@@ -293,24 +295,27 @@ TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config)
 }
 
 torch::Tensor TransformerBlockImpl::forward(const torch::Tensor& x, const Rotation& rotation) {
-  const auto [h, delta] = forward_deferred(x, torch::Tensor(), rotation);
+  const auto [h, delta] = forward_deferred(x, torch::Tensor(), nullptr, rotation);
   return h + delta;
 }
 
 std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_deferred(const torch::Tensor& x,
                                                                                const torch::Tensor& pending,
+                                                                               ddp::Float8LinearImpl* pending_writer,
                                                                                const Rotation& rotation) {
   // The attention's one projection (LlamaConfig::fused_qkv) alone reads its
   // norm: in FP8 the norm writes that layer's input cast itself. SwiGLU's
   // gate and up share theirs (float8::share_input_cast), which the norm
   // cannot write, so the second norm returns its values.
   ddp::Float8LinearImpl* const qkv = attention->wqkv ? attention->wqkv.get() : nullptr;
-  const auto [stream, normed] = pending.defined() ? add_and_norm(x, pending, *attention_norm, fused_residual_norm, qkv)
-                                                  : std::pair{x, attention_norm->forward_into(x, qkv)};
+  const auto [stream, normed] =
+      pending.defined() ? add_and_norm(x, pending, pending_writer, *attention_norm, fused_residual_norm, qkv)
+                        : std::pair{x, attention_norm->forward_into(x, qkv)};
   // The residual stream stays in x's dtype (fp32 under autocast); the norms
-  // return the dtype the linear layers compute in.
-  const auto [h, ffn_input] =
-      add_and_norm(stream, attention(normed, rotation), *ffn_norm, fused_residual_norm, /*reader=*/nullptr);
+  // return the dtype the linear layers compute in. Both norms' backward
+  // writes the output gradient of the layer before (wo, the previous w2).
+  const auto [h, ffn_input] = add_and_norm(stream, attention(normed, rotation), attention->wo.get(), *ffn_norm,
+                                           fused_residual_norm, /*reader=*/nullptr);
   return {h, feed_forward(ffn_input)};
 }
 
@@ -350,17 +355,21 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& tokens) {
   // The last addend of the previous block, added in the next norm's kernel;
   // a checkpointed block takes and returns whole tensors instead.
   torch::Tensor pending;
+  ddp::Float8LinearImpl* pending_writer = nullptr;  // the layer whose output pending is
   for (std::size_t i = 0; i < layers->size(); ++i) {
     const auto block = layers->ptr<TransformerBlockImpl>(i);
     // A unit of Sharding::kFull (shard_units "layers.*"): gathered only while it runs.
     if (config.activation_checkpointing) {
       h = ddp::in_unit(*block, [&] { return checkpointed(block, h, rotation); });
     } else {
-      std::tie(h, pending) = ddp::in_unit(*block, [&] { return block->forward_deferred(h, pending, rotation); });
+      std::tie(h, pending) =
+          ddp::in_unit(*block, [&] { return block->forward_deferred(h, pending, pending_writer, rotation); });
+      pending_writer = block->feed_forward->w2.get();
     }
   }
   if (pending.defined()) {
-    h = add_and_norm(h, pending, *norm, config.fused_kernels && config.fused_residual_norm, nullptr).second;
+    h = add_and_norm(h, pending, pending_writer, *norm, config.fused_kernels && config.fused_residual_norm, nullptr)
+            .second;
   } else {
     h = norm(h);
   }

@@ -153,8 +153,10 @@ struct TransformerBlockImpl : torch::nn::Module {
   /// forward(x + pending) with the last residual add left to the caller:
   /// returns {h, feed_forward(norm(h))}, whose sum is the block's output.
   /// `pending` (undefined: none) is the previous block's last addend, so
-  /// that each residual add runs in the kernel of the norm after it.
+  /// that each residual add runs in the kernel of the norm after it, and
+  /// `pending_writer` the layer whose output it is (its w2; null: none).
   std::pair<torch::Tensor, torch::Tensor> forward_deferred(const torch::Tensor& x, const torch::Tensor& pending,
+                                                           ddp::Float8LinearImpl* pending_writer,
                                                            const Rotation& rotation);
 
   bool fused_residual_norm;  ///< fused_kernels && LlamaConfig::fused_residual_norm

@@ -239,5 +239,18 @@ DDP_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, cons
                                                        const at::Tensor& weight, Float8LinearImpl& layer,
                                                        const RMSNormOptions& options = {});
 
+/// The same with the residual branch's last layer as well: `delta` is the
+/// output of `delta_layer` (attention's output projection, the feed-forward's
+/// down projection), handed here unchanged and read by nothing else. Where
+/// `delta_layer` runs FP8 with delayed scaling and the norm runs fused, with
+/// rows and features multiples of 16, backward writes delta's gradient as
+/// that layer's FP8 output gradient (E5M2 data, transpose and amax) and hands
+/// autograd, in place of the values, a tensor that holds none, which only
+/// `delta_layer` takes (its backward throws UsageError for anything else).
+/// Either layer may be null: nothing is fused on its side.
+DDP_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                       Float8LinearImpl* delta_layer, const at::Tensor& weight,
+                                                       Float8LinearImpl* layer, const RMSNormOptions& options = {});
+
 }  // namespace float8
 }  // namespace ddp

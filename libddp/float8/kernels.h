@@ -8,6 +8,7 @@
 // Defined only where the .cu files are compiled (DDP_WITH_CUDA_KERNELS:
 // LibTorch >= 2.1 with CUDA), except float8_largest.
 
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -73,5 +74,26 @@ bool rms_norm_to_float8_takes(const at::Tensor& x, const at::Tensor& delta);
 /// dtype; weight [cols] fp32, contiguous and 16-byte aligned.
 void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
                         c10::ScalarType out_dtype, const at::Tensor& sum, const at::Tensor& rstd, Float8Tensor& y);
+
+/// Whether add_rms_norm_backward_to_float8 takes a sum h of x's shape and
+/// dtype: fp32, bf16 or fp16 on a CUDA device, rows and cols multiples of 16
+/// (as FP8 matmuls need). (The sum forward saves is contiguous.)
+bool add_rms_norm_backward_to_float8_takes(const at::Tensor& h);
+
+/// add_rms_norm_backward (rmsnorm/kernels.h) with the gradient of delta
+/// written as the E5M2 cast `grad_delta` (data and transpose [rows, cols] and
+/// [cols, rows], amax, with its given scale: delayed scaling) instead of in
+/// grad_y's dtype: the values the unfused backward would write, cast. h as
+/// add_rms_norm_backward_to_float8_takes says; grad_y of h's shape, grad_h
+/// (undefined: none) of h's shape and dtype; weight [cols] and rstd [rows]
+/// fp32. Returns {grad_x (h's dtype), grad_weight (fp32)}.
+std::pair<at::Tensor, at::Tensor> add_rms_norm_backward_to_float8(const at::Tensor& grad_y, const at::Tensor& grad_h,
+                                                                  const at::Tensor& h, const at::Tensor& weight,
+                                                                  const at::Tensor& rstd, Float8Tensor& grad_delta);
+
+/// The transpose [cols, rows] of the one-byte matrix `data` [rows, cols]
+/// into `transposed`, byte for byte: rows a multiple of 4, cols of 16, data
+/// 16-byte and transposed 4-byte aligned, both contiguous on one GPU.
+void transpose_float8(const at::Tensor& data, const at::Tensor& transposed);
 
 }  // namespace ddp::detail

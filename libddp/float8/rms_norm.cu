@@ -11,12 +11,19 @@
 // writes the strip's transpose: 32 rows make each transposed row's piece 32
 // bytes, one whole memory sector, where a block per row would write single
 // bytes scattered over every transposed row.
+//
+// Backward, with a residual: the norm's backward kernel (rmsnorm/
+// backward_kernel.cuh) writes the gradient of delta as the FP8 output
+// gradient of the layer that computed delta, row-major, and a transpose
+// kernel then writes its transpose; the bf16 gradient never exists.
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
@@ -30,6 +37,7 @@
 #include "cuda/warp_reduce.cuh"
 #include "float8/kernels.h"
 #include "float8/tile.cuh"
+#include "rmsnorm/backward_kernel.cuh"
 
 namespace ddp::detail {
 namespace {
@@ -191,6 +199,55 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_ker
   }
 }
 
+/// The delta's gradient as FP8 (backward_kernel.cuh's writer): each value
+/// rounded to Out, the dtype the unfused backward writes and the layer's
+/// cast reads, then scaled and converted, into the cast's row-major data; its
+/// amax max-accumulated into the cast's.
+template <typename Out, __nv_fp8_interpretation_t kFormat>
+struct DeltaAsFloat8 {
+  static constexpr bool kAlsoWithoutDelta = false;
+  uint8_t* data;  // [rows, cols]
+  const float* scale;
+  float* inverse_scale;
+  float* amax;
+  float scale_value;
+  int max_bits;
+
+  __device__ __forceinline__ void begin() {
+    scale_value = __ldg(scale);
+    max_bits = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *inverse_scale = 1.0f / scale_value;
+  }
+  template <typename In, int N>
+  __device__ __forceinline__ void write(int64_t row_offset, int64_t i, const Pack<In, N>& grad) {
+    float y[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float value = to_float(from_float<Out>(to_float(grad.v[k])));
+      max_bits = max(max_bits, abs_bits(value));
+      y[k] = value * scale_value;
+    }
+    uint8_t* const out = data + row_offset + i * N;
+    if constexpr (N == 4) {
+      *reinterpret_cast<uint32_t*>(out) = to_float8x4<kFormat>(y[0], y[1], y[2], y[3]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) out[k] = __nv_cvt_float_to_fp8(y[k], __NV_SATFINITE, kFormat);
+    }
+  }
+  __device__ __forceinline__ void finish() {
+    __shared__ int warp_amax[rms_norm_kernels::kThreads / 32];
+    const int bits = warp_max(max_bits);
+    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = bits;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int block_bits = warp_amax[0];
+      for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) block_bits = max(block_bits, warp_amax[w]);
+      atomicMax(reinterpret_cast<int*>(amax), block_bits);
+    }
+  }
+};
+
 /// The dynamic shared memory of a block: the strip of FP8 rows.
 int64_t shared_bytes(int64_t cols) {
   return kStripRows * strip_stride_words(cols) * static_cast<int64_t>(sizeof(uint32_t));
@@ -284,4 +341,47 @@ void rms_norm_to_float8(const at::Tensor& x, const at::Tensor& delta, const at::
   });
 }
 
+bool add_rms_norm_backward_to_float8_takes(const at::Tensor& h) {
+  if (!h.is_cuda() || h.dim() < 1 || h.numel() == 0) return false;
+  const int64_t cols = h.size(-1), rows = h.numel() / cols;
+  const auto dtype = h.scalar_type();
+  return (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf) && rows % 16 == 0 && cols % 16 == 0;
+}
+
+std::pair<at::Tensor, at::Tensor> add_rms_norm_backward_to_float8(const at::Tensor& grad_y, const at::Tensor& grad_h,
+                                                                  const at::Tensor& h, const at::Tensor& weight,
+                                                                  const at::Tensor& rstd, Float8Tensor& grad_delta) {
+  constexpr const char* what = "add_rms_norm_backward_to_float8";
+  TORCH_CHECK(add_rms_norm_backward_to_float8_takes(h), what, ": h ", h.sizes(), " ", h.scalar_type(),
+              " does not fit: see add_rms_norm_backward_to_float8_takes");
+  const int64_t cols = h.size(-1), rows = h.numel() / cols;
+  const auto on_h = [&](const at::Tensor& t) { return t.is_cuda() && t.device() == h.device() && t.is_contiguous(); };
+  TORCH_CHECK(on_h(h) && on_h(grad_y) && grad_y.sizes() == h.sizes() &&
+                  (!grad_h.defined() ||
+                   (on_h(grad_h) && grad_h.sizes() == h.sizes() && grad_h.scalar_type() == h.scalar_type())),
+              what, ": grad_y of h's shape, and grad_h (if defined) of h's shape and dtype, contiguous on h's device");
+  TORCH_CHECK(on_h(weight) && weight.scalar_type() == at::kFloat && weight.numel() == cols && on_h(rstd) &&
+                  rstd.scalar_type() == at::kFloat && rstd.numel() == rows,
+              what, ": fp32 weight [cols] and rstd [rows] expected");
+  TORCH_CHECK(grad_delta.data.is_contiguous() && grad_delta.data.size(0) == rows && grad_delta.data.size(1) == cols &&
+                  grad_delta.transposed.is_contiguous() && grad_delta.transposed.size(0) == cols &&
+                  grad_delta.transposed.size(1) == rows && aligned(grad_delta.data.data_ptr(), 4),
+              what, ": grad_delta must have contiguous data [rows, cols], 4-byte aligned, and transpose [cols, rows]");
+  const at::Tensor grad_x = at::empty_like(h);
+  // Output gradients are E5M2 (Float8Linear's recipe): the one format made.
+  TORCH_CHECK(grad_delta.data.scalar_type() == at::kFloat8_e5m2, what, ": grad_delta must be E5M2, got ",
+              grad_delta.data.scalar_type());
+  const at::Tensor grad_weight = rms_norm_kernels::launch_rms_norm_backward(
+      what, grad_y, grad_h, h, weight, rstd, grad_x, /*residual=*/true, /*delta_packs_fit=*/true, [&](auto* out_type) {
+        using Out = std::remove_pointer_t<decltype(out_type)>;
+        return DeltaAsFloat8<Out, __NV_E5M2>{static_cast<uint8_t*>(grad_delta.data.data_ptr()),
+                                             grad_delta.scale.data_ptr<float>(),
+                                             grad_delta.inverse_scale.data_ptr<float>(),
+                                             grad_delta.amax.data_ptr<float>(),
+                                             0.0f,
+                                             0};
+      });
+  transpose_float8(grad_delta.data, grad_delta.transposed);
+  return {grad_x, grad_weight};
+}
 }  // namespace ddp::detail

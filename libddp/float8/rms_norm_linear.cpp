@@ -2,12 +2,16 @@
 // writing the FP8 cast of the one layer that reads its output (the offer of
 // TensorScaling, as swiglu_linear's forward does for `down`), so that the
 // norm's bf16 output and the cast's second pass over it do not exist.
-// Backward is ddp::rms_norm's: it reads the norm's input and the gradient
-// the layer returns, never the output.
+// Backward reads the norm's input and the gradient the layer returns, never
+// the output; add_rms_norm's backward also writes the gradient of delta as
+// the FP8 output gradient of the layer that computed delta, as swiglu_linear's
+// backward does for gate and up.
 
 #include <ddp/float8.h>
 
 #include <cstdint>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -20,6 +24,7 @@
 #include "float8/kernels.h"
 #include "float8/linear_state.h"
 #include "rmsnorm/autograd.h"
+#include "rmsnorm/kernels.h"
 
 namespace ddp {
 namespace detail {
@@ -29,6 +34,14 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+/// The norm's weight in fp32, 16-byte aligned: the kernels read 16-byte packs
+/// of it, and a weight at another offset (a slice, a parameter inside a flat
+/// buffer) is read from an aligned copy.
+at::Tensor aligned_fp32_weight(const at::Tensor& weight) {
+  const at::Tensor weight32 = weight.to(at::kFloat).contiguous();
+  return aligned(weight32.data_ptr(), 16) ? weight32 : weight32.clone();
+}
+
 /// The norm of x (+ delta) written as `input_scaling`'s cast, offered to its
 /// layer; with delta, also the sum x + delta. Saves for backward what
 /// ddp::rms_norm's fused path saves.
@@ -37,10 +50,7 @@ variable_list norm_to_float8_forward(AutogradContext* context, const at::Tensor&
                                      TensorScaling* input_scaling) {
   const int64_t cols = x.size(-1);
   const at::Tensor rows = x.contiguous().view({-1, cols});
-  at::Tensor weight32 = weight.to(at::kFloat).contiguous();
-  // The kernel reads 16-byte packs of it: a weight at another offset (a
-  // slice, a parameter inside a flat buffer) is read from an aligned copy.
-  if (!aligned(weight32.data_ptr(), 16)) weight32 = weight32.clone();
+  const at::Tensor weight32 = aligned_fp32_weight(weight);
   const bool residual = delta.defined();
   // A tensor of its own in x's shape, not a view made in here: autograd
   // refuses in-place changes to a custom function's view outputs, and
@@ -69,16 +79,48 @@ struct RmsNormToFloat8Function : torch::autograd::Function<RmsNormToFloat8Functi
   }
 };
 
-struct AddRmsNormToFloat8Function : torch::autograd::Function<AddRmsNormToFloat8Function> {
+/// float8::add_rms_norm: forward writes the norm as `input_scaling`'s cast
+/// (null: in out_dtype, as ddp::add_rms_norm), backward the gradient of delta
+/// as `delta_grad_scaling`'s (null: in out_dtype).
+struct AddRmsNormFloat8Function : torch::autograd::Function<AddRmsNormFloat8Function> {
   static variable_list forward(AutogradContext* context, const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, double eps, c10::ScalarType out_dtype,
-                               TensorScaling* input_scaling) {
-    return norm_to_float8_forward(context, x, delta, weight, eps, out_dtype, input_scaling);
+                               TensorScaling* input_scaling, TensorScaling* delta_grad_scaling) {
+    context->saved_data["delta_grad_fused"] = delta_grad_scaling != nullptr;
+    if (delta_grad_scaling != nullptr) delta_grad_scaling->save_to(context, "delta_grad.");
+    if (input_scaling != nullptr) {
+      return norm_to_float8_forward(context, x, delta, weight, eps, out_dtype, input_scaling);
+    }
+    const at::Tensor weight32 = aligned_fp32_weight(weight);
+    auto [h, y, rstd] = add_rms_norm_forward(x.contiguous(), delta.contiguous(), weight32, eps, out_dtype);
+    save_rms_norm_for_backward(context, h, weight32, rstd, weight.scalar_type(), out_dtype);
+    return {h, y};
   }
+
   static variable_list backward(AutogradContext* context, variable_list grad_outputs) {
-    variable_list grads = add_rms_norm_gradients(context, grad_outputs);  // x, delta, weight
-    grads.resize(6);
-    return grads;
+    if (!context->saved_data["delta_grad_fused"].toBool()) {
+      variable_list grads = add_rms_norm_gradients(context, grad_outputs);  // x, delta, weight
+      grads.resize(7);
+      return grads;
+    }
+    const SavedRmsNorm saved = saved_rms_norm(context, "float8::add_rms_norm");
+    const at::Tensor& h = saved.normed;
+    const at::Tensor grad_h = grad_outputs[0].defined() ? grad_outputs[0].contiguous() : at::Tensor();
+    // h alone was used: the norm's output gradient is zero.
+    const at::Tensor grad_y = grad_outputs[1].defined() ? grad_outputs[1].contiguous()
+                                                        : at::zeros(h.sizes(), h.options().dtype(saved.out_dtype));
+    const int64_t cols = h.size(-1);
+    TensorScaling delta_grad = TensorScaling::load_from(context, "delta_grad.");
+    Float8Tensor grad_delta = delta_grad.destination(h.numel() / cols, cols);
+    auto [grad_x, grad_weight] =
+        add_rms_norm_backward_to_float8(grad_y, grad_h, h, saved.weight32, saved.rstd, grad_delta);
+    return {grad_x,
+            delta_grad.offer(grad_delta, h.sizes(), saved.out_dtype),
+            grad_weight.to(saved.weight_dtype),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -99,6 +141,44 @@ std::pair<TensorScaling*, c10::ScalarType> fusable(const at::Tensor& x, const at
   }
   return {Float8LinearAccess::fusable_input_scaling(layer, x.device()), *out_dtype};
 }
+
+/// The dtype of delta's gradient where backward can write it as the FP8
+/// output gradient of `delta_layer` (the layer that computed delta: its
+/// output gradient under delayed scaling, as wide as x, needed); nullopt
+/// where the gradient is written unfused.
+std::optional<c10::ScalarType> fused_delta_gradient_dtype(const at::Tensor& x, const at::Tensor& delta,
+                                                          const at::Tensor& weight, Float8LinearImpl& delta_layer,
+                                                          const RMSNormOptions& options) {
+  const std::optional<c10::ScalarType> out_dtype = fused_rms_norm_dtype(x, weight, options);
+  if (!out_dtype || !at::GradMode::is_enabled() || !delta.requires_grad() || delta.sizes() != x.sizes() ||
+      delta.scalar_type() != *out_dtype || delta.device() != x.device() ||
+      x.size(-1) != delta_layer.options.out_features() || !add_rms_norm_backward_to_float8_takes(x) ||
+      Float8LinearAccess::fusable_grad_output_scaling(delta_layer) == nullptr) {
+    return std::nullopt;
+  }
+  return out_dtype;
+}
+
+/// float8::add_rms_norm where either side fuses; nullopt where neither does.
+std::optional<std::pair<at::Tensor, at::Tensor>> fused_add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                                    Float8LinearImpl* delta_layer,
+                                                                    const at::Tensor& weight, Float8LinearImpl* layer,
+                                                                    const RMSNormOptions& options) {
+  TensorScaling* input_scaling = nullptr;
+  c10::ScalarType out_dtype = at::kFloat;
+  if (layer != nullptr) std::tie(input_scaling, out_dtype) = fusable(x, delta, weight, *layer, options);
+  TensorScaling* delta_grad_scaling = nullptr;
+  if (delta_layer != nullptr) {
+    if (const auto dtype = fused_delta_gradient_dtype(x, delta, weight, *delta_layer, options)) {
+      delta_grad_scaling = Float8LinearAccess::fusable_grad_output_scaling(*delta_layer);
+      out_dtype = *dtype;
+    }
+  }
+  if (input_scaling == nullptr && delta_grad_scaling == nullptr) return std::nullopt;
+  const auto outputs =
+      AddRmsNormFloat8Function::apply(x, delta, weight, options.eps(), out_dtype, input_scaling, delta_grad_scaling);
+  return std::make_pair(outputs[0], outputs[1]);
+}
 #endif
 
 }  // namespace
@@ -115,13 +195,19 @@ at::Tensor float8::rms_norm(const at::Tensor& x, const at::Tensor& weight, [[may
 }
 
 std::pair<at::Tensor, at::Tensor> float8::add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                       const at::Tensor& weight, Float8LinearImpl& layer,
+                                                       const RMSNormOptions& options) {
+  return add_rms_norm(x, delta, nullptr, weight, &layer, options);
+}
+
+std::pair<at::Tensor, at::Tensor> float8::add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
+                                                       [[maybe_unused]] Float8LinearImpl* delta_layer,
                                                        const at::Tensor& weight,
-                                                       [[maybe_unused]] Float8LinearImpl& layer,
+                                                       [[maybe_unused]] Float8LinearImpl* layer,
                                                        const RMSNormOptions& options) {
 #ifdef DDP_WITH_CUDA_KERNELS
-  if (const auto [scaling, out_dtype] = detail::fusable(x, delta, weight, layer, options); scaling != nullptr) {
-    const auto outputs = detail::AddRmsNormToFloat8Function::apply(x, delta, weight, options.eps(), out_dtype, scaling);
-    return {outputs[0], outputs[1]};
+  if (auto outputs = detail::fused_add_rms_norm(x, delta, delta_layer, weight, layer, options)) {
+    return *std::move(outputs);
   }
 #endif
   return ddp::add_rms_norm(x, delta, weight, options);

@@ -30,6 +30,15 @@ void save_rms_norm_for_backward(torch::autograd::AutogradContext* context, const
                                 const at::Tensor& weight32, const at::Tensor& rstd, c10::ScalarType weight_dtype,
                                 c10::ScalarType out_dtype);
 
+/// What save_rms_norm_for_backward saved, for a backward of its own (the
+/// FP8 one of float8::add_rms_norm). Throws under create_graph, naming `op`:
+/// the kernels' backward is not differentiable.
+struct SavedRmsNorm {
+  at::Tensor normed, weight32, rstd;
+  c10::ScalarType weight_dtype, out_dtype;
+};
+SavedRmsNorm saved_rms_norm(torch::autograd::AutogradContext* context, const char* op);
+
 /// {grad_x, grad_weight} from the norm's output gradient grad_outputs[0].
 /// Throws under create_graph: the kernels' backward is not differentiable.
 torch::autograd::variable_list rms_norm_gradients(torch::autograd::AutogradContext* context,

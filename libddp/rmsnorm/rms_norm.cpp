@@ -41,10 +41,6 @@ void check_not_differentiated_twice(const char* op) {
               "RMSNormOptions().fused(false) for higher-order gradients");
 }
 
-c10::ScalarType saved_dtype(AutogradContext* context, const char* name) {
-  return context->saved_data[name].toScalarType();
-}
-
 }  // namespace
 
 void save_rms_norm_for_backward(AutogradContext* context, const at::Tensor& normed, const at::Tensor& weight32,
@@ -54,25 +50,29 @@ void save_rms_norm_for_backward(AutogradContext* context, const at::Tensor& norm
   context->saved_data["out_dtype"] = out_dtype;
 }
 
-variable_list rms_norm_gradients(AutogradContext* context, const variable_list& grad_outputs) {
-  check_not_differentiated_twice("rms_norm");
+SavedRmsNorm saved_rms_norm(AutogradContext* context, const char* op) {
+  check_not_differentiated_twice(op);
   const auto saved = context->get_saved_variables();
-  auto [grad_x, grad_weight] = rms_norm_backward(grad_outputs[0].contiguous(), saved[0], saved[1], saved[2]);
-  return {grad_x, grad_weight.to(saved_dtype(context, "weight_dtype"))};
+  return {saved[0], saved[1], saved[2], context->saved_data["weight_dtype"].toScalarType(),
+          context->saved_data["out_dtype"].toScalarType()};
+}
+
+variable_list rms_norm_gradients(AutogradContext* context, const variable_list& grad_outputs) {
+  const SavedRmsNorm saved = saved_rms_norm(context, "rms_norm");
+  auto [grad_x, grad_weight] =
+      rms_norm_backward(grad_outputs[0].contiguous(), saved.normed, saved.weight32, saved.rstd);
+  return {grad_x, grad_weight.to(saved.weight_dtype)};
 }
 
 variable_list add_rms_norm_gradients(AutogradContext* context, const variable_list& grad_outputs) {
-  check_not_differentiated_twice("add_rms_norm");
-  const auto saved = context->get_saved_variables();
+  const SavedRmsNorm saved = saved_rms_norm(context, "add_rms_norm");
   const at::Tensor& grad_h = grad_outputs[0];
   at::Tensor grad_y = grad_outputs[1];
   // h alone was used: the norm's output gradient is zero.
-  if (!grad_y.defined()) {
-    grad_y = at::zeros(saved[0].sizes(), saved[0].options().dtype(saved_dtype(context, "out_dtype")));
-  }
+  if (!grad_y.defined()) grad_y = at::zeros(saved.normed.sizes(), saved.normed.options().dtype(saved.out_dtype));
   auto [grad_x, grad_delta, grad_weight] = add_rms_norm_backward(
-      grad_y.contiguous(), grad_h.defined() ? grad_h.contiguous() : grad_h, saved[0], saved[1], saved[2]);
-  return {grad_x, grad_delta, grad_weight.to(saved_dtype(context, "weight_dtype"))};
+      grad_y.contiguous(), grad_h.defined() ? grad_h.contiguous() : grad_h, saved.normed, saved.weight32, saved.rstd);
+  return {grad_x, grad_delta, grad_weight.to(saved.weight_dtype)};
 }
 #endif
 

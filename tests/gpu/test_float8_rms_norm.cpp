@@ -194,4 +194,133 @@ TEST(Float8RmsNormBytes, EqualTheCastOfTheUnfusedNorm) {
   }
 }
 
+/// float8::add_rms_norm with delta's layer: backward writes delta's gradient
+/// as that layer's FP8 output gradient, the values ddp::add_rms_norm's
+/// backward writes in bf16 for the layer's own cast. Without a reader the
+/// forward is ddp::add_rms_norm's own kernel, so every gradient is equal bit
+/// for bit; with one (both sides fused) within the forward norm's rounding.
+TEST(Float8AddRmsNormDeltaGradient, IsTheCastTheDeltaLayerWouldMake) {
+  struct DeltaCase {
+    torch::ScalarType stream_dtype;
+    std::int64_t rows;
+    bool reader;
+  };
+  for (const DeltaCase c : {DeltaCase{torch::kFloat, 128, false}, DeltaCase{torch::kBFloat16, 48, false},
+                            DeltaCase{torch::kFloat, 48, true}, DeltaCase{torch::kBFloat16, 128, true}}) {
+    const std::string what = std::string(c10::toString(c.stream_dtype)) + " stream, " + std::to_string(c.rows) +
+                             " rows" + (c.reader ? ", with a reader" : "");
+    torch::manual_seed(24);
+    const std::int64_t cols = 272, inner = 96;
+    const auto on_gpu = torch::TensorOptions().device(kGpu);
+    ddp::Float8Linear writers[2] = {ddp::Float8Linear(torch::nn::LinearOptions(inner, cols).bias(false), delayed()),
+                                    ddp::Float8Linear(torch::nn::LinearOptions(inner, cols).bias(false), delayed())};
+    ddp::Float8Linear readers[2] = {ddp::Float8Linear(torch::nn::LinearOptions(cols, 64).bias(false), delayed()),
+                                    ddp::Float8Linear(torch::nn::LinearOptions(cols, 64).bias(false), delayed())};
+    for (auto* layer : {writers[0].get(), writers[1].get(), readers[0].get(), readers[1].get()}) layer->to(kGpu);
+    {
+      torch::NoGradGuard no_grad;
+      writers[1]->weight.copy_(writers[0]->weight);
+      readers[1]->weight.copy_(readers[0]->weight);
+    }
+    const auto norm_weight = torch::rand({cols}, on_gpu) + 0.5;
+    const ddp::AutocastState autocast{c.stream_dtype == torch::kFloat, torch::kBFloat16};
+    for (int step = 0; step < 3; ++step) {
+      const std::string at = what + ", step " + std::to_string(step);
+      const std::vector<std::int64_t> sizes{2, c.rows / 2, cols};
+      const auto x = (torch::randn(sizes, on_gpu) * (step + 1)).to(c.stream_dtype);
+      const auto z = torch::randn({2, c.rows / 2, inner}, on_gpu.dtype(torch::kBFloat16));
+      const auto grad_output = torch::randn({2, c.rows / 2, c.reader ? 64 : cols}, on_gpu) * 1e-2;
+      const auto grad_h = torch::randn(sizes, on_gpu) * 1e-2;
+      std::vector<torch::Tensor> leaves[2];
+      std::int64_t delta_gradient_stride = -1;
+      for (const bool fusing : {false, true}) {
+        auto& leaf = leaves[fusing];
+        leaf = {x.clone().requires_grad_(), z.clone().requires_grad_(), norm_weight.clone().requires_grad_()};
+        torch::Tensor loss;
+        {
+          const ddp::AutocastStateGuard guard(c10::DeviceType::CUDA, autocast);
+          const torch::Tensor delta = writers[fusing](leaf[1]);
+          if (fusing) delta.register_hook([&](const torch::Tensor& g) { delta_gradient_stride = g.stride(0); });
+          auto [h, normed] = fusing ? ddp::float8::add_rms_norm(leaf[0], delta, writers[1].get(), leaf[2],
+                                                                c.reader ? readers[1].get() : nullptr)
+                                    : ddp::add_rms_norm(leaf[0], delta, leaf[2]);
+          const torch::Tensor out = c.reader ? readers[fusing](normed) : normed;
+          loss = (out.to(torch::kFloat) * grad_output).sum() + (h.to(torch::kFloat) * grad_h).sum();
+        }
+        loss.backward();
+      }
+      ASSERT_EQ(delta_gradient_stride, 0) << at << ": the fused backward did not run (delta's gradient holds values)";
+      const char* names[] = {"x", "the delta layer's input", "the norm weight"};
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_TRUE(leaves[1][i].grad().defined()) << at << ": gradient of " << names[i];
+        if (c.reader) {
+          EXPECT_LT(relative_error(leaves[1][i].grad(), leaves[0][i].grad()), 2e-2) << at << ": " << names[i];
+        } else {
+          EXPECT_TRUE(torch::equal(leaves[1][i].grad(), leaves[0][i].grad())) << at << ": " << names[i];
+        }
+      }
+      if (c.reader) {
+        EXPECT_LT(relative_error(writers[1]->weight.grad(), writers[0]->weight.grad()), 2e-2) << at;
+      } else {
+        EXPECT_TRUE(torch::equal(writers[1]->weight.grad(), writers[0]->weight.grad())) << at << ": layer weight";
+        // The amax of the output gradient each layer's history takes.
+        EXPECT_TRUE(torch::equal(writers[1]->latest_amaxes()[2], writers[0]->latest_amaxes()[2])) << at << ": amax";
+      }
+      for (auto* layer : {writers[0].get(), writers[1].get(), readers[0].get(), readers[1].get()}) {
+        layer->weight.mutable_grad().reset();
+      }
+    }
+  }
+}
+
+/// delta's gradient is a tensor without values, for its layer alone: a delta
+/// that is not the layer's output (here its output times 2) gets it through
+/// another op, and the layer then refuses what arrives instead of computing
+/// from it.
+TEST(Float8AddRmsNormDeltaGradient, ADeltaThatIsNotTheLayersOutputIsRefused) {
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  ddp::Float8Linear writer(torch::nn::LinearOptions(32, 64).bias(false), delayed());
+  writer->to(kGpu);
+  const auto x = torch::randn({16, 64}, on_gpu.dtype(torch::kBFloat16)).requires_grad_();
+  const auto z = torch::randn({16, 32}, on_gpu.dtype(torch::kBFloat16)).requires_grad_();
+  const auto weight = torch::ones({64}, on_gpu);
+  const auto [h, normed] = ddp::float8::add_rms_norm(x, writer(z) * 2, writer.get(), weight, nullptr);
+  try {
+    (normed.to(torch::kFloat).sum() + h.to(torch::kFloat).sum()).backward();
+    FAIL() << "backward ran with delta's gradient in the wrong layer";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("exactly what the fused op returned"), std::string::npos) << e.what();
+  }
+}
+
+/// A delta layer with a bias adds it after its FP8 matmul: the bias's add
+/// would pass the placeholder to the bias gradient too, so its output
+/// gradient is not fused, and every gradient is the unfused norm's.
+TEST(Float8AddRmsNormDeltaGradient, ALayerWithABiasGetsItsGradientInValues) {
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  torch::manual_seed(25);
+  ddp::Float8Linear writers[2] = {ddp::Float8Linear(torch::nn::LinearOptions(32, 64), delayed()),
+                                  ddp::Float8Linear(torch::nn::LinearOptions(32, 64), delayed())};
+  for (auto& writer : writers) writer->to(kGpu);
+  {
+    torch::NoGradGuard no_grad;
+    writers[1]->weight.copy_(writers[0]->weight);
+    writers[1]->bias.copy_(writers[0]->bias);
+  }
+  const auto x = torch::randn({16, 64}, on_gpu.dtype(torch::kBFloat16));
+  const auto z = torch::randn({16, 32}, on_gpu.dtype(torch::kBFloat16));
+  const auto weight = torch::rand({64}, on_gpu) + 0.5;
+  std::int64_t delta_gradient_stride = 0;
+  for (const bool fusing : {false, true}) {
+    const torch::Tensor delta = writers[fusing](z.clone().requires_grad_());
+    if (fusing) delta.register_hook([&](const torch::Tensor& g) { delta_gradient_stride = g.stride(0); });
+    const auto [h, normed] = fusing ? ddp::float8::add_rms_norm(x, delta, writers[1].get(), weight, nullptr)
+                                    : ddp::add_rms_norm(x, delta, weight);
+    (normed.to(torch::kFloat).square().sum() + h.to(torch::kFloat).sum()).backward();
+  }
+  EXPECT_NE(delta_gradient_stride, 0) << "delta's gradient must hold values";
+  EXPECT_TRUE(torch::equal(writers[1]->bias.grad(), writers[0]->bias.grad())) << "bias gradient";
+  EXPECT_TRUE(torch::equal(writers[1]->weight.grad(), writers[0]->weight.grad())) << "weight gradient";
+}
+
 }  // namespace
