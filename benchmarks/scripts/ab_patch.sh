@@ -3,8 +3,9 @@
 # Builds scaling_bench and ddprun in both (incrementally where an earlier call left a build), runs the given test
 # regex in the patched tree, then each --run's scaling_bench arguments in both trees, alternating, for --rounds
 # rounds, and with --profile one profiled replay of the first --run in each, diffed by kernel. Results under $OUT:
-# one rows-TREE-runI-roundR.jsonl per run (and rows-TREE-profiled.jsonl), tests.log, diff.txt, patched.json.gz; the
-# profiled replays' traces stay in /tmp/ab-base.json and /tmp/ab-patched.json.
+# rows.tgz (one rows-TREE-runI-roundR.jsonl per run, and rows-TREE-profiled.jsonl: archived in one file, since the
+# device returns only a few files a call), tests.log, diff.txt, patched.json.gz; the profiled replays' traces stay
+# in /tmp/ab-base.json and /tmp/ab-patched.json.
 #
 #   OUT=/tmp/out bash benchmarks/scripts/ab_patch.sh PATCH [--reverse | --base-patch BASE_PATCH] [--rounds N]
 #       [--tests REGEX --test-targets "T..."] [--profile] --run "ARGS" [--run "ARGS" ...]
@@ -113,3 +114,4 @@ if [[ $profile == 1 ]]; then
   head -2 "$OUT/diff.txt"
   gzip -c /tmp/ab-patched.json > "$OUT/patched.json.gz"
 fi
+(cd "$OUT" && tar czf rows.tgz rows-*.jsonl && rm rows-*.jsonl)

@@ -110,7 +110,9 @@ struct CapturedStep::Impl {
     // under way the caching allocator frees no cached block to make room: the
     // blocks the eager steps left cached (their activations) go back to the
     // device first, or a step that fits eagerly may not fit recorded
-    // (LLaMA-2-7B on one H200: 33 GiB cached, out of memory while recording).
+    // (LLaMA-2-7B on one H200: 33 GiB cached, out of memory while recording;
+    // with the cache emptied, 23 GiB stayed reserved in segments partly in
+    // use, which only expandable segments give back).
     c10::cuda::CUDACachingAllocator::emptyCache();
     graph = std::make_unique<at::cuda::CUDAGraph>();
     {
@@ -130,8 +132,10 @@ struct CapturedStep::Impl {
         throw UsageError(fmt::format(
             "ddp::CapturedStep: the step could not be recorded into a CUDA graph: {}. {}", first_line_of(error),
             out_of_memory ? "The recorded step keeps its own memory for its activations beside the parameters, "
-                            "gradients and optimizer state: lower the batch or sequence length, shard (a "
-                            "DistributedDataParallel sharding mode), or run the step eagerly"
+                            "gradients and optimizer state, and cannot use what the eager steps reserved in "
+                            "segments still partly in use: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                            "(LLaMA-2-7B on one H200 records only so), lower the batch or sequence length, shard "
+                            "(a DistributedDataParallel sharding mode), or run the step eagerly"
                           : "A recorded step must not wait for the GPU on the host: no .item() or copy to the "
                             "CPU, no find_unused_parameters without static_graph; run such steps eagerly"));
       }
