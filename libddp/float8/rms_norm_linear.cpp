@@ -24,7 +24,6 @@
 #include "float8/kernels.h"
 #include "float8/linear_state.h"
 #include "rmsnorm/autograd.h"
-#include "rmsnorm/kernels.h"
 
 namespace ddp {
 namespace detail {
@@ -91,10 +90,8 @@ struct AddRmsNormFloat8Function : torch::autograd::Function<AddRmsNormFloat8Func
     if (input_scaling != nullptr) {
       return norm_to_float8_forward(context, x, delta, weight, eps, out_dtype, input_scaling);
     }
-    const at::Tensor weight32 = aligned_fp32_weight(weight);
-    auto [h, y, rstd] = add_rms_norm_forward(x.contiguous(), delta.contiguous(), weight32, eps, out_dtype);
-    save_rms_norm_for_backward(context, h, weight32, rstd, weight.scalar_type(), out_dtype);
-    return {h, y};
+    return add_rms_norm_forward_saved(context, x, delta, aligned_fp32_weight(weight), weight.scalar_type(), eps,
+                                      out_dtype);
   }
 
   static variable_list backward(AutogradContext* context, variable_list grad_outputs) {
@@ -105,10 +102,7 @@ struct AddRmsNormFloat8Function : torch::autograd::Function<AddRmsNormFloat8Func
     }
     const SavedRmsNorm saved = saved_rms_norm(context, "float8::add_rms_norm");
     const at::Tensor& h = saved.normed;
-    const at::Tensor grad_h = grad_outputs[0].defined() ? grad_outputs[0].contiguous() : at::Tensor();
-    // h alone was used: the norm's output gradient is zero.
-    const at::Tensor grad_y = grad_outputs[1].defined() ? grad_outputs[1].contiguous()
-                                                        : at::zeros(h.sizes(), h.options().dtype(saved.out_dtype));
+    const auto [grad_h, grad_y] = add_rms_norm_output_gradients(saved, grad_outputs);
     const int64_t cols = h.size(-1);
     TensorScaling delta_grad = TensorScaling::load_from(context, "delta_grad.");
     Float8Tensor grad_delta = delta_grad.destination(h.numel() / cols, cols);

@@ -8,6 +8,7 @@
 // where the kernels are compiled (DDP_WITH_CUDA_KERNELS).
 
 #include <optional>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -30,6 +31,14 @@ void save_rms_norm_for_backward(torch::autograd::AutogradContext* context, const
                                 const at::Tensor& weight32, const at::Tensor& rstd, c10::ScalarType weight_dtype,
                                 c10::ScalarType out_dtype);
 
+/// ddp::add_rms_norm's fused forward: {h, y} from add_rms_norm_forward of
+/// x + delta with the fp32 weight `weight32` (whose own dtype is
+/// `weight_dtype`), saved for backward as save_rms_norm_for_backward says.
+torch::autograd::variable_list add_rms_norm_forward_saved(torch::autograd::AutogradContext* context,
+                                                          const at::Tensor& x, const at::Tensor& delta,
+                                                          const at::Tensor& weight32, c10::ScalarType weight_dtype,
+                                                          double eps, c10::ScalarType out_dtype);
+
 /// What save_rms_norm_for_backward saved, for a backward of its own (the
 /// FP8 one of float8::add_rms_norm). Throws under create_graph, naming `op`:
 /// the kernels' backward is not differentiable.
@@ -38,6 +47,12 @@ struct SavedRmsNorm {
   c10::ScalarType weight_dtype, out_dtype;
 };
 SavedRmsNorm saved_rms_norm(torch::autograd::AutogradContext* context, const char* op);
+
+/// add_rms_norm's output gradients {grad_h, grad_y} as its backward kernels
+/// take them, contiguous: grad_h undefined where the sum got none, grad_y
+/// zeros where the sum alone was used.
+std::pair<at::Tensor, at::Tensor> add_rms_norm_output_gradients(const SavedRmsNorm& saved,
+                                                                const torch::autograd::variable_list& grad_outputs);
 
 /// {grad_x, grad_weight} from the norm's output gradient grad_outputs[0].
 /// Throws under create_graph: the kernels' backward is not differentiable.

@@ -50,6 +50,14 @@ void save_rms_norm_for_backward(AutogradContext* context, const at::Tensor& norm
   context->saved_data["out_dtype"] = out_dtype;
 }
 
+variable_list add_rms_norm_forward_saved(AutogradContext* context, const at::Tensor& x, const at::Tensor& delta,
+                                         const at::Tensor& weight32, c10::ScalarType weight_dtype, double eps,
+                                         c10::ScalarType out_dtype) {
+  auto [h, y, rstd] = add_rms_norm_forward(x.contiguous(), delta.contiguous(), weight32, eps, out_dtype);
+  save_rms_norm_for_backward(context, h, weight32, rstd, weight_dtype, out_dtype);
+  return {h, y};
+}
+
 SavedRmsNorm saved_rms_norm(AutogradContext* context, const char* op) {
   check_not_differentiated_twice(op);
   const auto saved = context->get_saved_variables();
@@ -64,14 +72,21 @@ variable_list rms_norm_gradients(AutogradContext* context, const variable_list& 
   return {grad_x, grad_weight.to(saved.weight_dtype)};
 }
 
+std::pair<at::Tensor, at::Tensor> add_rms_norm_output_gradients(const SavedRmsNorm& saved,
+                                                                const variable_list& grad_outputs) {
+  const at::Tensor& grad_h = grad_outputs[0];
+  const at::Tensor& grad_y = grad_outputs[1];
+  // h alone was used: the norm's output gradient is zero.
+  return {grad_h.defined() ? grad_h.contiguous() : grad_h,
+          grad_y.defined() ? grad_y.contiguous()
+                           : at::zeros(saved.normed.sizes(), saved.normed.options().dtype(saved.out_dtype))};
+}
+
 variable_list add_rms_norm_gradients(AutogradContext* context, const variable_list& grad_outputs) {
   const SavedRmsNorm saved = saved_rms_norm(context, "add_rms_norm");
-  const at::Tensor& grad_h = grad_outputs[0];
-  at::Tensor grad_y = grad_outputs[1];
-  // h alone was used: the norm's output gradient is zero.
-  if (!grad_y.defined()) grad_y = at::zeros(saved.normed.sizes(), saved.normed.options().dtype(saved.out_dtype));
-  auto [grad_x, grad_delta, grad_weight] = add_rms_norm_backward(
-      grad_y.contiguous(), grad_h.defined() ? grad_h.contiguous() : grad_h, saved.normed, saved.weight32, saved.rstd);
+  const auto [grad_h, grad_y] = add_rms_norm_output_gradients(saved, grad_outputs);
+  auto [grad_x, grad_delta, grad_weight] =
+      add_rms_norm_backward(grad_y, grad_h, saved.normed, saved.weight32, saved.rstd);
   return {grad_x, grad_delta, grad_weight.to(saved.weight_dtype)};
 }
 #endif
@@ -113,10 +128,8 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
 struct FusedAddRmsNorm : torch::autograd::Function<FusedAddRmsNorm> {
   static variable_list forward(AutogradContext* context, const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, double eps, c10::ScalarType out_dtype) {
-    const at::Tensor weight32 = weight.to(at::kFloat).contiguous();
-    auto [h, y, rstd] = detail::add_rms_norm_forward(x.contiguous(), delta.contiguous(), weight32, eps, out_dtype);
-    detail::save_rms_norm_for_backward(context, h, weight32, rstd, weight.scalar_type(), out_dtype);
-    return {h, y};
+    return detail::add_rms_norm_forward_saved(context, x, delta, weight.to(at::kFloat).contiguous(),
+                                              weight.scalar_type(), eps, out_dtype);
   }
 
   static variable_list backward(AutogradContext* context, variable_list grad_outputs) {
