@@ -80,7 +80,12 @@ CollectiveWork::Status CollectiveWork::refresh() {
     }
   }
   if (auto owner = owner_.lock()) {
-    owner->fail(*this, CommunicatorBase::Failure::kBackendError, failure);
+    // A backend with a timeout of its own (Gloo gets libddp's) starts it
+    // after the deadline was set, so a failure at or past the deadline is
+    // that timeout: report it as one, naming the ranks that are behind.
+    const auto kind =
+        Clock::now() >= deadline_ ? CommunicatorBase::Failure::kTimeout : CommunicatorBase::Failure::kBackendError;
+    owner->fail(*this, kind, failure);
   } else {
     mark_failed(std::make_exception_ptr(CollectiveError(
         fmt::format("libddp: {} #{} ({}) failed: {}", op_, sequence_, detail_, failure), op_, sequence_, -1)));

@@ -120,8 +120,14 @@ TEST(GlooFailures, DeadRankMakesSurvivorsFailWithinTheTimeout) {
   }
 }
 
-TEST(GlooFailures, StalledRankIsNamedWhenTheCollectiveTimesOut) {
-  const auto outcomes = run_ranks(2, [](int rank) {
+// Rank 0 waits on its all-reduce at once, or only after Gloo's own timeout
+// (libddp's, started a moment later) has failed it too: either way the
+// report is libddp's timeout, naming the rank that is behind.
+class GlooStalledRank : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GlooStalledRank, IsNamedWhenTheCollectiveTimesOut) {
+  const bool wait_after_the_backend_timed_out = GetParam();
+  const auto outcomes = run_ranks(2, [wait_after_the_backend_timed_out](int rank) {
     auto pg = init_gloo(std::chrono::seconds(2));
     auto& comm = pg->communicator();
     check_broadcast(comm, at::kFloat, 100, 0);
@@ -132,16 +138,24 @@ TEST(GlooFailures, StalledRankIsNamedWhenTheCollectiveTimesOut) {
     const auto start = Clock::now();
     const std::string message = collective_error_of([&] {
       at::Tensor tensor = at::ones({10});
-      comm.all_reduce(tensor)->wait();
+      auto work = comm.all_reduce(tensor);
+      if (wait_after_the_backend_timed_out) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      work->wait();
     });
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    require(seconds >= 1.5 && seconds < 4.5, "timeout after " + std::to_string(seconds) + " s, expected ~2 s");
-    require_contains(message, "all_reduce #2");
+    const double expected = wait_after_the_backend_timed_out ? 2.5 : 2.0;
+    require(seconds >= 1.5 && seconds < expected + 2.5,
+            "timeout after " + std::to_string(seconds) + " s, expected ~" + std::to_string(expected) + " s");
+    require_contains(message, "all_reduce #2 (sum, 10 x Float on cpu) timed out after 2000 ms on rank 0 of 2");
     require_contains(message, "rank 1: issued #1 (broadcast), completed #1 (broadcast)");
     require_contains(message, "rank(s) 1 have not issued #2");
   });
   expect_all_succeeded(outcomes);
 }
+
+INSTANTIATE_TEST_SUITE_P(GlooFailures, GlooStalledRank, ::testing::Bool(), [](const auto& info) {
+  return info.param ? "WaitingAfterTheBackendTimedOut" : "WaitingAtOnce";
+});
 
 // A stopped rank 0 (kill -STOP) stops the rendezvous store it serves too: the
 // rank whose collective times out must still report within the timeout plus
