@@ -196,6 +196,19 @@ void remove_stale_files(const std::string& directory, const std::string& id) {
   }
 }
 
+/// Whether the manifest in `directory` commits the save `id`. A manifest
+/// that cannot be read commits none.
+bool manifest_names(const std::string& directory, const std::string& id) {
+  try {
+    torch::serialize::InputArchive manifest;
+    const std::string manifest_path = path_in(directory, kManifest);
+    checkpoint::load(manifest, manifest_path);
+    return read(manifest, manifest_path, "id").toStringRef() == id;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 /// One saved parameter, as the manifest describes it.
 struct SavedParameter {
   std::int64_t entry = 0;  ///< Its key in the rank files: "p<entry>".
@@ -594,10 +607,15 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
           }
         });
   } catch (...) {
-    // No manifest names this save's files: left behind, each failed attempt
-    // would add a whole checkpoint of orphans (and a full disk stay full).
-    std::error_code ignored;
-    std::filesystem::remove(my_file, ignored);
+    // A save that failed before its manifest was committed leaves orphans:
+    // each failed attempt would add a whole checkpoint of them (and a full
+    // disk stay full). One that failed after it (flushing the directory, or
+    // the ranks' closing agreement) has replaced the previous manifest: its
+    // files are now the checkpoint, and the previous one's are kept too.
+    if (!manifest_names(directory, id)) {
+      std::error_code ignored;
+      std::filesystem::remove(my_file, ignored);
+    }
     throw;
   }
   if (rank == 0) remove_stale_files(directory, id);
