@@ -194,6 +194,13 @@ void StoreClient::connect(std::chrono::milliseconds timeout) {
                     "every rank with the same libddp build",
                     address_.host, address_.port));
   }
+  if (verdict == Verdict::kOtherUser) {
+    throw UsageError(fmt::format(
+        "the rendezvous store at {}:{} (job {}) refused this process: served without DDP_RDZV_TOKEN, it lets in "
+        "only the processes of the user who started rank 0. Start every rank as that user, or export the same "
+        "DDP_RDZV_TOKEN for every rank.",
+        address_.host, address_.port, shown(served)));
+  }
   throw UsageError(fmt::format(
       "the rendezvous store at {}:{} (job {}) refused this rank's DDP_RDZV_TOKEN: every rank of a job must "
       "present the same token. ddprun makes one for a job on one node; for a job across nodes export the same "

@@ -21,6 +21,7 @@
 
 #include <ddp/errors.h>
 
+#include "runtime/socket_owner.h"
 #include "runtime/store_wire.h"
 
 namespace ddp::detail {
@@ -204,7 +205,7 @@ struct StoreServer::State {
       used += 4 + length;
       try {
         if (!connection.accepted) {
-          hello(connection, payload);
+          hello(fd, connection, payload);
         } else {
           if (connection.parked) return false;  // a client has one request in flight
           if (!answer(connection, payload)) connection.parked = std::move(payload);
@@ -217,7 +218,7 @@ struct StoreServer::State {
     return true;
   }
 
-  void hello(Connection& connection, const std::vector<std::uint8_t>& payload) {
+  void hello(int fd, Connection& connection, const std::vector<std::uint8_t>& payload) {
     Reader reader(payload);
     Verdict verdict = Verdict::kBadHello;
     if (payload.size() >= sizeof store_wire::kMagic &&
@@ -228,6 +229,11 @@ struct StoreServer::State {
       verdict = run_id != options.run_id             ? Verdict::kOtherJob
                 : !same_secret(token, options.token) ? Verdict::kWrongToken
                                                      : Verdict::kAccepted;
+      // Without a token, the job's user is what its ranks share: another
+      // user's process on this host is a stranger.
+      if (verdict == Verdict::kAccepted && options.token.empty() && socket_peer_owner(fd) != ::geteuid()) {
+        verdict = Verdict::kOtherUser;
+      }
     }
     // The run id is the job's name, not its secret: a rank of another job is told whose store it reached.
     const auto reply = Writer().u8(static_cast<std::uint8_t>(verdict)).blob(options.run_id).frame();

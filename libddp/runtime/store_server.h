@@ -21,7 +21,8 @@ class StoreServer {
     std::string host;
     std::uint16_t port = 0;
     std::string run_id;
-    /// What every client must present; empty accepts any client of this run id.
+    /// What every client must present. Empty: the store is on loopback, and
+    /// only processes of this process's user are let in (socket_peer_owner).
     std::string token;
   };
 

@@ -42,7 +42,8 @@ enum class Verdict : std::uint8_t {
   kAccepted = 0,
   kOtherJob = 1,  ///< The server serves another run id (two jobs on one port).
   kWrongToken = 2,
-  kBadHello = 3,  ///< Not a libddp store client of this version.
+  kBadHello = 3,   ///< Not a libddp store client of this version.
+  kOtherUser = 4,  ///< A store without a token refuses the processes of other users.
 };
 
 struct ProtocolError : std::runtime_error {

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -248,6 +249,52 @@ TEST(Store, AFloodOfSilentConnectionsLeavesRoomForTheJob) {
   }
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
 }
+
+// Served without a token (on loopback, every rank on one node), the store
+// lets in this user's processes and refuses another user's, naming why.
+class StoreWithoutAToken : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StoreWithoutAToken, LetsInOnlyThisUsersProcesses) {
+  const StoreClient::Address address{GetParam(), static_cast<std::uint16_t>(launcher::free_port())};
+  std::shared_ptr<StoreServer> server;
+  try {
+    server = std::make_shared<StoreServer>(StoreServer::Options{address.host, address.port, "job-a", ""});
+  } catch (const Error& e) {
+    GTEST_SKIP() << "this host cannot listen on " << address.host << ": " << e.what();
+  }
+  StoreClient member(address, StoreClient::Credentials{"job-a", ""}, 2000ms);
+  member.set("key", bytes_of("value"));
+  EXPECT_EQ(member.get("key"), bytes_of("value"));
+
+  if (::geteuid() != 0) GTEST_SKIP() << "connecting as another user needs root";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int outcome = 1;
+    if (::setgid(65534) == 0 && ::setuid(65534) == 0) {
+      try {
+        StoreClient stranger(address, StoreClient::Credentials{"job-a", ""}, 2000ms);
+        outcome = 2;
+      } catch (const UsageError& e) {
+        outcome =
+            std::string(e.what()).find("lets in only the processes of the user who started rank 0") != std::string::npos
+                ? 0
+                : 3;
+      } catch (...) {
+        outcome = 4;
+      }
+    }
+    ::_exit(outcome);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "another user's process: exit " << WEXITSTATUS(status)
+      << " (1: could not become user 65534, 2: let in, 3: refused for another reason, 4: another error)";
+  EXPECT_EQ(member.get("key"), bytes_of("value")) << "the refusal disturbed the job";
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, StoreWithoutAToken, ::testing::Values("127.0.0.1", "::1"),
+                         [](const auto& info) { return std::string(info.param) == "::1" ? "IPv6" : "IPv4"; });
 
 }  // namespace
 }  // namespace ddp::detail
