@@ -157,7 +157,7 @@ void check_exit_without_join_is_named(const std::shared_ptr<ProcessGroup>& pg) {
       torch::mse_loss(model(b.x, true), b.y).backward();
     }
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // lets the watchdogs publish progress
+      std::this_thread::sleep_for(std::chrono::seconds(1));         // lets the watchdogs (every 0.1 s) publish progress
       std::_Exit(0);                                                // forgets join.done()
     }
     join.done();
