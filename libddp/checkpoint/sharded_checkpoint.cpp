@@ -224,15 +224,23 @@ struct Destination {
   at::Tensor laid_out;  ///< Without sharding: the parameter's values laid out flat, if that took a copy.
   std::map<std::string, at::Tensor> state;       ///< The optimizer state to install.
   std::map<std::string, at::Tensor> flat_state;  ///< Flat aliases of `state`, written from the files.
-  std::int64_t covered = 0;
 };
 
-/// Loads what float8_scalings() wrote into the manifest into the model's
-/// Float8Linear layers; checkpoints of before 2026-11-28 have none.
-void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::InputArchive& manifest,
-                             const std::string& directory) {
+/// One Float8Linear layer's saved scaling state, matched to the model's layer.
+struct SavedFloat8Scaling {
+  Float8LinearImpl* layer;
+  std::string name;
+  torch::serialize::InputArchive state;
+};
+
+/// What float8_scalings() wrote into the manifest, matched by name to the
+/// model's Float8Linear layers; checkpoints of before 2026-11-28 have none.
+std::vector<SavedFloat8Scaling> saved_float8_scalings(const CheckpointedModel& model,
+                                                      torch::serialize::InputArchive& manifest,
+                                                      const std::string& directory) {
+  std::vector<SavedFloat8Scaling> scalings;
   torch::serialize::InputArchive layers;
-  if (!manifest.try_read(Float8LinearAccess::kScalingKey, layers)) return;
+  if (!manifest.try_read(Float8LinearAccess::kScalingKey, layers)) return scalings;
   std::map<std::string, Float8LinearImpl*> layers_here;
   for (const auto& item : model.module.named_modules()) {
     if (auto* layer = dynamic_cast<Float8LinearImpl*>(item.value().get())) layers_here[item.key()] = layer;
@@ -247,36 +255,65 @@ void restore_float8_scalings(const CheckpointedModel& model, torch::serialize::I
                          "does not have; it belongs to another model",
                          directory, name));
                    }
-                   auto scaling = read<torch::serialize::InputArchive>(entry, manifest_path, "state");
-                   Float8LinearAccess::load_scaling(*it->second, name, scaling);
+                   scalings.push_back(
+                       {it->second, name, read<torch::serialize::InputArchive>(entry, manifest_path, "state")});
                  });
+  return scalings;
 }
 
-void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimizer, const std::string& directory,
-               const std::function<void(torch::serialize::InputArchive&)>& extra) {
-  c10::NoGradGuard no_grad;
-  // A forward that threw may have left gathers, and the casts feeding them, reading the shards.
-  if (model.sharded != nullptr) model.sharded->settle_all();
-  const std::string manifest_path = path_in(directory, kManifest);
+/// Whether piece `piece` of `parameter`, held by `rank`, overlaps what
+/// `destination` holds, and by how many elements.
+std::int64_t piece_overlap(const SavedParameter& parameter, std::size_t piece, std::size_t rank,
+                           const Destination& destination) {
+  if (parameter.ranks[piece] != static_cast<std::int64_t>(rank)) return 0;
+  const std::int64_t begin = std::max(parameter.begins[piece], destination.begin);
+  const std::int64_t end =
+      std::min(parameter.begins[piece] + parameter.lengths[piece], destination.begin + destination.value.numel());
+  return std::max<std::int64_t>(end - begin, 0);
+}
+
+/// A checkpoint checked against the model, the optimizer and its files'
+/// sizes by check_load(), before anything is written; write_load() writes it.
+struct CheckedLoad {
+  std::string directory;
+  torch::serialize::InputArchive manifest;
+  std::string manifest_path;
+  std::string id;
+  std::vector<std::optional<SavedParameter>> saved;
+  std::optional<OptimizerKind> kind;
+  std::vector<std::string> tensors;
+  std::vector<Destination> destinations;
+  std::vector<std::size_t> files;  ///< The ranks whose files hold a part of this rank's destinations.
+  std::map<std::string, at::Tensor> saved_replicated;
+  std::vector<SavedFloat8Scaling> float8_scalings;
+  torch::serialize::InputArchive extra;  ///< What the save's `extra` wrote, if the load asked for it.
+};
+
+CheckedLoad check_load(const CheckpointedModel& model, torch::optim::Optimizer* optimizer, const std::string& directory,
+                       bool extra) {
+  CheckedLoad checked;
+  checked.directory = directory;
+  const std::string& manifest_path = checked.manifest_path = path_in(directory, kManifest);
+  torch::serialize::InputArchive& manifest = checked.manifest;
   if (!checkpoint::is_sharded_checkpoint(directory)) {
     throw UsageError(
         fmt::format("'{}' holds no sharded checkpoint ({} is missing): check the path, or the save did not finish; "
                     "every rank must see the directory (a shared filesystem)",
                     directory, kManifest));
   }
-  torch::serialize::InputArchive manifest;
   checkpoint::load(manifest, manifest_path);
   if (read(manifest, manifest_path, "format").toInt() != kFormat) {
     throw UsageError(fmt::format("sharded checkpoint '{}' has format {}; this libddp reads format {}", directory,
                                  read(manifest, manifest_path, "format").toInt(), kFormat));
   }
-  const std::string id = read(manifest, manifest_path, "id").toStringRef();
+  const std::string& id = checked.id = read(manifest, manifest_path, "id").toStringRef();
   const std::vector<std::int64_t> file_bytes = read(manifest, manifest_path, "file_bytes").toIntVector();
 
   // The saved parameters, matched to this model's by name.
   std::map<std::string, std::size_t> index_of;
   for (std::size_t i = 0; i < model.names.size(); ++i) index_of[model.names[i]] = i;
-  std::vector<std::optional<SavedParameter>> saved(model.trained.size());
+  std::vector<std::optional<SavedParameter>>& saved = checked.saved;
+  saved.resize(model.trained.size());
   for_each_entry(
       manifest, manifest_path, "parameters", "p",
       [&](std::int64_t k, const std::string& name, torch::serialize::InputArchive& entry) {
@@ -317,8 +354,8 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   }
 
   // The optimizer's state, if asked for: of the same optimizer, with the same tensors.
-  std::optional<OptimizerKind> kind;
-  std::vector<std::string> tensors;
+  std::optional<OptimizerKind>& kind = checked.kind;
+  std::vector<std::string>& tensors = checked.tensors;
   if (optimizer != nullptr) {
     kind = kind_of(*optimizer);
     tensors = state_tensor_names(*kind, *optimizer);
@@ -342,7 +379,7 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
   }
 
   // What this rank holds: its fragments, or every parameter whole.
-  std::vector<Destination> destinations;
+  std::vector<Destination>& destinations = checked.destinations;
   for (std::size_t i = 0; i < model.trained.size(); ++i) {
     const at::Tensor& parameter = model.trained[i];
     const std::vector<std::int64_t> strides = flat_layout_strides(parameter);
@@ -368,18 +405,16 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
     destinations.push_back(std::move(destination));
   }
 
-  // Each file that holds a part of them, read once.
+  // What the manifest says covers them, and the files that hold it.
+  std::vector<std::int64_t> covered(destinations.size(), 0);
   for (std::size_t rank = 0; rank < file_bytes.size(); ++rank) {
-    auto overlaps = [&](const Destination& destination, std::size_t piece) {
-      const SavedParameter& parameter = *saved[destination.parameter];
-      return parameter.ranks[piece] == static_cast<std::int64_t>(rank) &&
-             parameter.begins[piece] < destination.begin + destination.value.numel() &&
-             destination.begin < parameter.begins[piece] + parameter.lengths[piece];
-    };
     bool needed = false;
-    for (const Destination& destination : destinations) {
-      for (std::size_t piece = 0; piece < saved[destination.parameter]->ranks.size(); ++piece) {
-        needed |= overlaps(destination, piece);
+    for (std::size_t d = 0; d < destinations.size(); ++d) {
+      const SavedParameter& parameter = *saved[destinations[d].parameter];
+      for (std::size_t piece = 0; piece < parameter.ranks.size(); ++piece) {
+        const std::int64_t overlap = piece_overlap(parameter, piece, rank, destinations[d]);
+        covered[d] += overlap;
+        needed |= overlap > 0;
       }
     }
     if (!needed) continue;
@@ -397,57 +432,19 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
           "sharded checkpoint file '{}' has {} bytes, its manifest says {}: it is truncated or was overwritten", path,
           bytes, file_bytes[rank]));
     }
-    torch::serialize::InputArchive archive;
-    checkpoint::load(archive, path);
-    if (read(archive, path, "id").toStringRef() != id) {
-      throw UsageError(fmt::format("sharded checkpoint file '{}' belongs to another save than its manifest", path));
-    }
-    for (Destination& destination : destinations) {
-      const SavedParameter& parameter = *saved[destination.parameter];
-      for (std::size_t piece = 0; piece < parameter.ranks.size(); ++piece) {
-        if (!overlaps(destination, piece)) continue;
-        auto entry = read<torch::serialize::InputArchive>(archive, path, fmt::format("p{}", parameter.entry));
-        const auto value = read<at::Tensor>(entry, path, "value");
-        if (value.numel() != parameter.lengths[piece]) {
-          throw UsageError(fmt::format(
-              "sharded checkpoint file '{}' holds {} elements of '{}' where its manifest says {}: it is corrupt", path,
-              value.numel(), model.names[destination.parameter], parameter.lengths[piece]));
-        }
-        destination.covered += copy_overlap(destination.value, destination.begin, value, parameter.begins[piece]);
-        for (auto& [tensor, flat] : destination.flat_state) {
-          at::Tensor state;
-          if (!entry.try_read(tensor, state)) {
-            throw UsageError(fmt::format("sharded checkpoint file '{}' has no '{}' of '{}': it is corrupt", path,
-                                         tensor, model.names[destination.parameter]));
-          }
-          copy_overlap(flat, destination.begin, state, parameter.begins[piece]);
-        }
-      }
-    }
+    checked.files.push_back(rank);
   }
-
-  for (Destination& destination : destinations) {
-    if (destination.covered != destination.value.numel()) {
+  for (std::size_t d = 0; d < destinations.size(); ++d) {
+    if (covered[d] != destinations[d].value.numel()) {
       throw UsageError(fmt::format(
           "sharded checkpoint '{}' covers {} of the {} elements of '{}' this rank holds: its manifest is corrupt",
-          directory, destination.covered, destination.value.numel(), model.names[destination.parameter]));
-    }
-    const at::Tensor& parameter = model.trained[destination.parameter];
-    if (destination.laid_out.defined()) {
-      parameter.detach().copy_(destination.laid_out.as_strided(parameter.sizes(), flat_layout_strides(parameter)));
-    }
-    if (!kind) continue;
-    const at::Tensor target = stepped_part(model.trained, model.sharded, destination.parameter);
-    if (destination.state.empty()) {
-      erase_param_state(*optimizer, target);
-    } else {
-      write_param_state(*kind, *optimizer, target, ParamState{saved[destination.parameter]->step, destination.state});
+          directory, covered[d], destinations[d].value.numel(), model.names[destinations[d].parameter]));
     }
   }
 
   // Buffers and frozen parameters, whole.
   auto replicated = read<torch::serialize::InputArchive>(manifest, manifest_path, "replicated");
-  std::map<std::string, at::Tensor> saved_replicated;
+  std::map<std::string, at::Tensor>& saved_replicated = checked.saved_replicated;
   const std::int64_t replicated_count = read(replicated, manifest_path, "count").toInt();
   for (std::int64_t k = 0; k < replicated_count; ++k) {
     auto entry = read<torch::serialize::InputArchive>(replicated, manifest_path, fmt::format("r{}", k));
@@ -474,17 +471,74 @@ void load_here(const CheckpointedModel& model, torch::optim::Optimizer* optimize
           directory, entry.first));
     }
   }
-  for (const auto& [name, tensor] : replicated_here) tensor.detach().copy_(saved_replicated.at(name));
-  restore_float8_scalings(model, manifest, directory);
-  if (model.sharded != nullptr) model.sharded->shards_written();
-
-  if (extra) {
-    torch::serialize::InputArchive extra_archive;
-    if (!manifest.try_read("extra", extra_archive)) {
-      throw UsageError(fmt::format("sharded checkpoint '{}' holds no extra state: it was saved without it", directory));
-    }
-    extra(extra_archive);
+  checked.float8_scalings = saved_float8_scalings(model, manifest, directory);
+  if (extra && !manifest.try_read("extra", checked.extra)) {
+    throw UsageError(fmt::format("sharded checkpoint '{}' holds no extra state: it was saved without it", directory));
   }
+  return checked;
+}
+
+/// Reads the files check_load() found and writes the model, the optimizer's
+/// state and `extra`. What can still fail here is the files' content (a
+/// checksum, an element count): the files changed, or were corrupt.
+void write_load(const CheckpointedModel& model, torch::optim::Optimizer* optimizer, CheckedLoad& checked,
+                const std::function<void(torch::serialize::InputArchive&)>& extra) {
+  // A forward that threw may have left gathers, and the casts feeding them, reading the shards.
+  if (model.sharded != nullptr) model.sharded->settle_all();
+  const std::vector<std::optional<SavedParameter>>& saved = checked.saved;
+  for (std::size_t rank : checked.files) {
+    const std::string path = path_in(checked.directory, rank_file(checked.id, static_cast<int>(rank)));
+    torch::serialize::InputArchive archive;
+    checkpoint::load(archive, path);
+    if (read(archive, path, "id").toStringRef() != checked.id) {
+      throw UsageError(fmt::format("sharded checkpoint file '{}' belongs to another save than its manifest", path));
+    }
+    for (Destination& destination : checked.destinations) {
+      const SavedParameter& parameter = *saved[destination.parameter];
+      for (std::size_t piece = 0; piece < parameter.ranks.size(); ++piece) {
+        if (piece_overlap(parameter, piece, rank, destination) == 0) continue;
+        auto entry = read<torch::serialize::InputArchive>(archive, path, fmt::format("p{}", parameter.entry));
+        const auto value = read<at::Tensor>(entry, path, "value");
+        if (value.numel() != parameter.lengths[piece]) {
+          throw UsageError(fmt::format(
+              "sharded checkpoint file '{}' holds {} elements of '{}' where its manifest says {}: it is corrupt", path,
+              value.numel(), model.names[destination.parameter], parameter.lengths[piece]));
+        }
+        copy_overlap(destination.value, destination.begin, value, parameter.begins[piece]);
+        for (auto& [tensor, flat] : destination.flat_state) {
+          at::Tensor state;
+          if (!entry.try_read(tensor, state)) {
+            throw UsageError(fmt::format("sharded checkpoint file '{}' has no '{}' of '{}': it is corrupt", path,
+                                         tensor, model.names[destination.parameter]));
+          }
+          copy_overlap(flat, destination.begin, state, parameter.begins[piece]);
+        }
+      }
+    }
+  }
+
+  for (Destination& destination : checked.destinations) {
+    const at::Tensor& parameter = model.trained[destination.parameter];
+    if (destination.laid_out.defined()) {
+      parameter.detach().copy_(destination.laid_out.as_strided(parameter.sizes(), flat_layout_strides(parameter)));
+    }
+    if (!checked.kind) continue;
+    const at::Tensor target = stepped_part(model.trained, model.sharded, destination.parameter);
+    if (destination.state.empty()) {
+      erase_param_state(*optimizer, target);
+    } else {
+      write_param_state(*checked.kind, *optimizer, target,
+                        ParamState{saved[destination.parameter]->step, destination.state});
+    }
+  }
+  for (const auto& [name, tensor] : replicated_tensors(model)) {
+    tensor.detach().copy_(checked.saved_replicated.at(name));
+  }
+  for (SavedFloat8Scaling& scaling : checked.float8_scalings) {
+    Float8LinearAccess::load_scaling(*scaling.layer, scaling.name, scaling.state);
+  }
+  if (model.sharded != nullptr) model.sharded->shards_written();
+  if (extra) extra(checked.extra);
 }
 
 }  // namespace
@@ -624,13 +678,24 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
 void load_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& process_group,
                              torch::optim::Optimizer* optimizer, const std::string& directory,
                              const std::function<void(torch::serialize::InputArchive&)>& extra) {
+  c10::NoGradGuard no_grad;
+  const std::string what = fmt::format("loading sharded checkpoint '{}'", directory);
+  // No rank writes anything unless every rank's checks passed: a rank that
+  // went ahead would hold other parameters than the one that refused.
+  std::optional<CheckedLoad> checked;
   std::exception_ptr failure;
   try {
-    load_here(model, optimizer, directory, extra);
+    checked = check_load(model, optimizer, directory, extra != nullptr);
   } catch (...) {
     failure = std::current_exception();
   }
-  agree(process_group.communicator(), 0, failure, fmt::format("loading sharded checkpoint '{}'", directory));
+  agree(process_group.communicator(), 0, failure, what);
+  try {
+    write_load(model, optimizer, *checked, extra);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(process_group.communicator(), 0, failure, what);
 }
 
 }  // namespace ddp::detail

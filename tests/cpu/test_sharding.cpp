@@ -514,6 +514,12 @@ TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByNa
     refused([&] { model.load_sharded_checkpoint(directory.string(), &sgd); },
             "holds the state of the optimizer adamw; this one is sgd");
     refused([&] { model.load_sharded_checkpoint((directory / "elsewhere").string()); }, "holds no sharded checkpoint");
+    // A refused load writes nothing: not the weights, not the optimizer's state.
+    torch::NoGradGuard no_grad;
+    model.module()->weight.fill_(7);
+    refused([&] { model.load_sharded_checkpoint(directory.string(), &adamw, [](torch::serialize::InputArchive&) {}); },
+            "holds no extra state: it was saved without it");
+    require(model.module()->weight.eq(7).all().item<bool>(), "a refused load wrote the weights");
     fs::resize_file(rank_file, fs::file_size(rank_file) - 1);
     refused([&] { model.load_sharded_checkpoint(directory.string()); }, "it is truncated or was overwritten");
     fs::remove(rank_file);
@@ -717,15 +723,25 @@ TEST(ShardingCheckpoint, ARankThatCannotLoadFailsEveryRank) {
           }
         }
         pg->communicator().barrier();
+        // No rank writes anything: rank 0, which could read its part, keeps its weights too.
+        const auto weights_kept = [&] {
+          for (const auto& parameter : model.parameters()) {
+            if (!parameter.eq(7).all().item<bool>()) return false;
+          }
+          return true;
+        };
+        for (auto& parameter : model.parameters()) parameter.detach().fill_(7);
         try {
           model.load_sharded_checkpoint(directory);
         } catch (const ddp::UsageError& e) {
           require(pg->rank() == 1, "rank 0 raised a UsageError for rank 1's file");
           require_contains(e.what(), "lacks rank 1's file");
+          require(weights_kept(), "rank 1 wrote parameters in a load that failed");
           return;
         } catch (const ddp::Error& e) {
           require(pg->rank() == 0, std::string("rank 1 did not name its own failure: ") + e.what());
           require_contains(e.what(), "failed on rank 1");
+          require(weights_kept(), "rank 0 wrote parameters in a load that failed on rank 1");
           return;
         }
         throw std::runtime_error("a rank went on after rank 1 could not load its part");
