@@ -196,14 +196,16 @@ void remove_stale_files(const std::string& directory, const std::string& id) {
   }
 }
 
-/// Whether the manifest in `directory` commits the save `id`. A manifest
-/// that cannot be read commits none.
-bool manifest_names(const std::string& directory, const std::string& id) {
+/// Whether `directory` surely holds no manifest that commits the save `id`:
+/// none, or one of another save. One that cannot be read (the disk failing
+/// under the save, a filesystem that shows the rename late) might.
+bool surely_uncommitted(const std::string& directory, const std::string& id) {
+  const std::string manifest_path = path_in(directory, kManifest);
+  if (!std::filesystem::exists(manifest_path)) return true;
   try {
     torch::serialize::InputArchive manifest;
-    const std::string manifest_path = path_in(directory, kManifest);
     checkpoint::load(manifest, manifest_path);
-    return read(manifest, manifest_path, "id").toStringRef() == id;
+    return read(manifest, manifest_path, "id").toStringRef() != id;
   } catch (const std::exception&) {
     return false;
   }
@@ -665,8 +667,9 @@ void save_sharded_checkpoint(const CheckpointedModel& model, ProcessGroup& proce
     // each failed attempt would add a whole checkpoint of them (and a full
     // disk stay full). One that failed after it (flushing the directory, or
     // the ranks' closing agreement) has replaced the previous manifest: its
-    // files are now the checkpoint, and the previous one's are kept too.
-    if (!manifest_names(directory, id)) {
+    // files are now the checkpoint, and the previous one's are kept too. In
+    // doubt the files stay: orphans cost less than a checkpoint without them.
+    if (surely_uncommitted(directory, id)) {
       std::error_code ignored;
       std::filesystem::remove(my_file, ignored);
     }

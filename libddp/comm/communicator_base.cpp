@@ -67,7 +67,7 @@ CollectiveWork::CollectiveWork(std::weak_ptr<CommunicatorBase> owner, std::uint6
       deadline_(deadline),
       backend_op_(std::move(backend_op)) {}
 
-CollectiveWork::Status CollectiveWork::refresh() {
+CollectiveWork::Status CollectiveWork::refresh(bool from_watchdog) {
   std::string failure;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -85,7 +85,7 @@ CollectiveWork::Status CollectiveWork::refresh() {
     // that timeout: report it as one, naming the ranks that are behind.
     const auto kind =
         Clock::now() >= deadline_ ? CommunicatorBase::Failure::kTimeout : CommunicatorBase::Failure::kBackendError;
-    owner->fail(*this, kind, failure);
+    owner->fail(*this, kind, failure, from_watchdog);
   } else {
     mark_failed(std::make_exception_ptr(CollectiveError(
         fmt::format("libddp: {} #{} ({}) failed: {}", op_, sequence_, detail_, failure), op_, sequence_, -1)));
@@ -385,10 +385,11 @@ std::string CommunicatorBase::describe_failure(std::uint64_t sequence, const std
                                                const std::string& what) const {
   const std::string headline =
       kind == Failure::kTimeout
-          ? fmt::format("libddp: {} #{} ({}) timed out after {} ms on rank {} of {}.", op, sequence, detail,
-                        timeout_.count(), rank_, world_size_)
-          : fmt::format("libddp: {} #{} ({}) failed on rank {} of {}: {}", op, sequence, detail, rank_,
-                        world_size_, what);
+          ? fmt::format("libddp: {} #{} ({}) timed out after {} ms on rank {} of {}{}.", op, sequence, detail,
+                        timeout_.count(), rank_, world_size_,
+                        what.empty() ? "" : fmt::format(" (the backend reported: {})", what.substr(0, what.find('\n'))))
+          : fmt::format("libddp: {} #{} ({}) failed on rank {} of {}: {}", op, sequence, detail, rank_, world_size_,
+                        what);
   return fmt::format(
       "{}\nProgress of the other ranks:{}\nEvery rank must issue the same collectives in the same order. Look at "
       "the output of the ranks named above; if the work between two collectives legitimately takes longer than "
@@ -480,7 +481,7 @@ void CommunicatorBase::settle_pending() {
     async_error = poll_async_error();
   }
   for (auto& work : snapshot) {
-    CollectiveWork::Status status = work->refresh();
+    CollectiveWork::Status status = work->refresh(/*from_watchdog=*/true);
     if (status == CollectiveWork::Status::kPending) {
       if (!async_error.empty()) {
         fail(*work, Failure::kBackendError, async_error, /*from_watchdog=*/true);

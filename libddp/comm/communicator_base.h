@@ -52,7 +52,7 @@ class CollectiveWork final : public Work {
   bool is_completed() override;
 
   /// Polls the backend without blocking and reports a failure to the owner.
-  Status refresh();
+  Status refresh(bool from_watchdog = false);
   /// Settles a pending collective as failed; no effect once settled.
   void mark_failed(std::exception_ptr error);
   void rethrow_if_failed();

@@ -201,6 +201,13 @@ void StoreClient::connect(std::chrono::milliseconds timeout) {
         "DDP_RDZV_TOKEN for every rank.",
         address_.host, address_.port, shown(served)));
   }
+  if (verdict == Verdict::kOwnerUnknown) {
+    throw UsageError(fmt::format(
+        "the rendezvous store at {}:{} (job {}), served without DDP_RDZV_TOKEN, cannot tell which user owns this "
+        "rank's connection (the kernel's socket table, /proc/net/tcp or tcp6, is unreadable there): export the "
+        "same DDP_RDZV_TOKEN for every rank (ddprun does).",
+        address_.host, address_.port, shown(served)));
+  }
   throw UsageError(fmt::format(
       "the rendezvous store at {}:{} (job {}) refused this rank's DDP_RDZV_TOKEN: every rank of a job must "
       "present the same token. ddprun makes one for a job on one node; for a job across nodes export the same "

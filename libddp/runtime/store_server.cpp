@@ -43,11 +43,6 @@ constexpr std::size_t kMaxStrangers = 128;
 /// Accepted per pass of the loop, so that the hellos of the connections just
 /// accepted are read before a flood of newer ones could push them out.
 constexpr int kAcceptsPerPass = 16;
-/// How long rank 0's store outlives its process group while other ranks are
-/// still connected: ranks that failed with rank 0 read each other's progress
-/// from it for their reports (ProgressBoard waits at most 5 s for it), and
-/// would otherwise blame rank 0 for having exited first.
-constexpr std::chrono::seconds kLingerLimit{6};
 
 /// A socket listening on one of `host`'s addresses of `family` at `port`,
 /// or -1 with `error` set.
@@ -125,23 +120,13 @@ struct StoreServer::State {
   std::map<std::string, std::vector<std::uint8_t>> data;
 
   void serve() {
-    std::optional<Clock::time_point> stop_by;  // set once the destructor asked to stop
     for (;;) {
       std::vector<pollfd> polled{{wake[0], POLLIN, 0}, {listener, POLLIN, 0}};
       for (const auto& [fd, connection] : connections) {
         polled.push_back({fd, static_cast<short>(POLLIN | (connection.out.empty() ? 0 : POLLOUT)), 0});
       }
-      if (::poll(polled.data(), polled.size(), stop_by ? 50 : 1000) < 0 && errno != EINTR) return;
-      if (polled[0].revents != 0) {
-        char stop = 0;
-        if (::read(wake[0], &stop, 1) != 1) return;
-        stop_by = Clock::now() + kLingerLimit;
-      }
-      if (stop_by &&
-          (Clock::now() >= *stop_by || std::none_of(connections.begin(), connections.end(),
-                                                    [](const auto& entry) { return entry.second.accepted; }))) {
-        return;
-      }
+      if (::poll(polled.data(), polled.size(), 1000) < 0 && errno != EINTR) return;
+      if (polled[0].revents != 0) return;
       if (polled[1].revents & POLLIN) accept_all();
       for (std::size_t i = 2; i < polled.size(); ++i) {
         const int fd = polled[i].fd;
@@ -246,8 +231,9 @@ struct StoreServer::State {
                                                      : Verdict::kAccepted;
       // Without a token, the job's user is what its ranks share: another
       // user's process on this host is a stranger.
-      if (verdict == Verdict::kAccepted && options.token.empty() && socket_peer_owner(fd) != ::geteuid()) {
-        verdict = Verdict::kOtherUser;
+      if (verdict == Verdict::kAccepted && options.token.empty()) {
+        const std::optional<uid_t> owner = socket_peer_owner(fd);
+        verdict = !owner ? Verdict::kOwnerUnknown : *owner != ::geteuid() ? Verdict::kOtherUser : verdict;
       }
     }
     // The run id is the job's name, not its secret: a rank of another job is told whose store it reached.
@@ -378,7 +364,6 @@ StoreServer::StoreServer(Options options) : state_(std::make_unique<State>()) {
 }
 
 StoreServer::~StoreServer() {
-  // The loop serves on while other ranks are connected, up to kLingerLimit.
   const char stop = 1;
   if (::write(state_->wake[1], &stop, 1) != 1) {
     // The loop also ends when poll fails; nothing else can stop it.

@@ -26,10 +26,7 @@ class StoreServer {
     std::string token;
   };
 
-  /// Listens at once (a busy port is an Error naming it) and serves until
-  /// destroyed; the destructor returns once no other rank is connected, or
-  /// after a few seconds (kLingerLimit), so that failing ranks can still read
-  /// the progress records rank 0 serves.
+  /// Listens at once (a busy port is an Error naming it) and serves until destroyed.
   explicit StoreServer(Options options);
   ~StoreServer();
   StoreServer(const StoreServer&) = delete;

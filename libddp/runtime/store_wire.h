@@ -21,7 +21,7 @@
 namespace ddp::detail::store_wire {
 
 constexpr char kMagic[8] = {'D', 'D', 'P', 'S', 'T', 'O', 'R', 'E'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: the verdicts kOtherUser and kOwnerUnknown
 /// The hello's size limit: what a stranger may make the server read.
 constexpr std::uint32_t kMaxHelloFrame = 4096;
 /// Values are small (addresses, NCCL ids, progress reports); a larger frame is garbage.
@@ -42,8 +42,9 @@ enum class Verdict : std::uint8_t {
   kAccepted = 0,
   kOtherJob = 1,  ///< The server serves another run id (two jobs on one port).
   kWrongToken = 2,
-  kBadHello = 3,   ///< Not a libddp store client of this version.
-  kOtherUser = 4,  ///< A store without a token refuses the processes of other users.
+  kBadHello = 3,      ///< Not a libddp store client of this version.
+  kOtherUser = 4,     ///< A store without a token refuses the processes of other users,
+  kOwnerUnknown = 5,  ///< and those whose owner it cannot find (socket_peer_owner).
 };
 
 struct ProtocolError : std::runtime_error {

@@ -514,7 +514,7 @@ TEST(ShardingCheckpointOneRank, ForeignOrDamagedShardedCheckpointsAreRefusedByNa
     refused([&] { model.load_sharded_checkpoint(directory.string(), &sgd); },
             "holds the state of the optimizer adamw; this one is sgd");
     refused([&] { model.load_sharded_checkpoint((directory / "elsewhere").string()); }, "holds no sharded checkpoint");
-    // A refused load writes nothing: not the weights, not the optimizer's state.
+    // A refused load writes nothing (the weights checked here).
     torch::NoGradGuard no_grad;
     model.module()->weight.fill_(7);
     refused([&] { model.load_sharded_checkpoint(directory.string(), &adamw, [](torch::serialize::InputArchive&) {}); },

@@ -287,9 +287,12 @@ TEST_P(StoreWithoutAToken, LetsInOnlyThisUsersProcesses) {
   }
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 1) {
+    GTEST_SKIP() << "root here cannot become user 65534 (a user namespace, or no CAP_SETUID)";
+  }
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
       << "another user's process: exit " << WEXITSTATUS(status)
-      << " (1: could not become user 65534, 2: let in, 3: refused for another reason, 4: another error)";
+      << " (2: let in, 3: refused for another reason, 4: another error)";
   EXPECT_EQ(member.get("key"), bytes_of("value")) << "the refusal disturbed the job";
 }
 
