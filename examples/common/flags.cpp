@@ -1,6 +1,7 @@
 #include "flags.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -92,6 +93,15 @@ double Flags::real(const std::string& name) const {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
   if (text.empty() || *end != '\0') fail(fmt::format("--{} expects a number, got '{}'", name, text));
+  return value;
+}
+
+double Flags::real_in(const std::string& name, double low, double high, bool high_open) const {
+  const double value = real(name);
+  if (!std::isfinite(value) || value < low || value > high || (high_open && value == high)) {
+    fail(fmt::format("--{} must be a finite number in [{}, {}{}, got {}", name, low, high, high_open ? ")" : "]",
+                     str(name)));
+  }
   return value;
 }
 

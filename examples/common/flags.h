@@ -27,6 +27,9 @@ class Flags {
   const std::string& str(const std::string& name) const;
   std::int64_t integer(const std::string& name) const;
   double real(const std::string& name) const;
+  /// real(name), which must be finite and in [low, high] (high excluded
+  /// when `high_open`); else fail().
+  double real_in(const std::string& name, double low, double high, bool high_open) const;
   bool on(const std::string& name) const;
   /// Whether the user gave the flag (as opposed to its default).
   bool given(const std::string& name) const;

@@ -129,6 +129,9 @@ int main(int argc, char** argv) try {
     flags.fail(e.what());
   }
   auto options = examples::trainer_options(flags);
+  flags.real_in("weight-decay", 0, HUGE_VAL, /*high_open=*/true);
+  flags.real_in("beta2", 0, 1, /*high_open=*/true);
+  if (flags.integer("eval-batches") < 0) flags.fail("--eval-batches must be at least 0 (0: no evaluation)");
   if (options.uneven_join && policy.uses_float8() && float8_scaling == ddp::Float8Scaling::kDelayed) {
     flags.fail(
         "--uneven join: FP8 delayed scaling all-reduces its amaxes outside DDP, which ddp::Join does not "

@@ -9,6 +9,7 @@
 // by default, or the shards convert_imagefolder writes (docs/data_formats.md).
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -90,6 +91,10 @@ int main(int argc, char** argv) try {
   const auto policy = ddp::PrecisionPolicy::parse(flags.str("precision"));
   resnet::check_precision(policy);
   const ddp::FusedBatchNormPath batch_norm_path = resnet::parse_batch_norm_path(flags.str("bn"));
+  flags.real_in("weight-decay", 0, HUGE_VAL, /*high_open=*/true);
+  flags.real_in("momentum", 0, 1, /*high_open=*/true);
+  flags.real_in("label-smoothing", 0, 1, /*high_open=*/false);
+  if (flags.integer("eval-batches") < 0) flags.fail("--eval-batches must be at least 0 (0: no evaluation)");
   auto process_group = ddp::init();
   const auto device = process_group->device();
   policy.check_supported(device);

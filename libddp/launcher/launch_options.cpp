@@ -231,6 +231,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
 
   if (options.standalone) {
     if (port_given) throw LaunchUsageError("--standalone picks its own port; drop --master-port");
+    if (addr_given) throw LaunchUsageError("--standalone serves the rendezvous on loopback; drop --master-addr");
     if (options.nnodes > 1) {
       throw LaunchUsageError(fmt::format("--standalone runs on one node, but --nnodes is {}; drop --standalone and "
                                          "give --master-addr and --master-port",

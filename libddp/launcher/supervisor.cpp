@@ -142,6 +142,11 @@ void spawn(Worker& worker, const LaunchOptions& options, const Attempt& attempt,
     if (::sigprocmask(SIG_SETMASK, &worker_mask, nullptr) != 0) child_failed("sigprocmask");
     if (::dup2(out[1], STDOUT_FILENO) < 0) child_failed("dup2");
     if (::dup2(err[1], STDERR_FILENO) < 0) child_failed("dup2");
+    // No worker reads ddprun's input: in a group of its own, one that read
+    // the terminal would be stopped (SIGTTIN) and the job would wait forever.
+    const int nothing = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nothing < 0 || ::dup2(nothing, STDIN_FILENO) < 0) child_failed("stdin from /dev/null");
+    ::signal(SIGPIPE, SIG_DFL);  // ddprun ignores it, and an ignored signal stays ignored across exec
     ::execvpe(argv[0], argv.data(), envp.data());
     std::fprintf(stderr, "ddprun: cannot execute %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
@@ -375,6 +380,10 @@ int supervise(const LaunchOptions& options) {
   if (::sigprocmask(SIG_BLOCK, &handled, &previous) != 0) throw system_error("sigprocmask");
   const int signal_fd = ::signalfd(-1, &handled, SFD_CLOEXEC);
   if (signal_fd < 0) throw system_error("signalfd");
+  // A reader of ddprun's output that goes away (`ddprun ... | head`) makes the
+  // next write fail with EPIPE, which ends the job with a message, instead of
+  // a SIGPIPE that kills ddprun without one.
+  ::signal(SIGPIPE, SIG_IGN);
 
   const std::string source = options.slurm_job_id.empty() ? "" : " (from SLURM job " + options.slurm_job_id + ")";
   std::fprintf(stderr, "ddprun: node %d of %d%s: starting ranks %d-%d of %d, rendezvous at %s:%d\n",

@@ -8,6 +8,8 @@
 
 #include <ddp/errors.h>
 
+#include "runtime/store_wire.h"
+
 namespace ddp {
 namespace {
 
@@ -74,6 +76,16 @@ Environment Environment::parse(const Lookup& lookup) {
   env.master_port = static_cast<std::uint16_t>(integer_in_range("MASTER_PORT", require(lookup, "MASTER_PORT"), 1, 65535));
   env.run_id = lookup("TORCHELASTIC_RUN_ID").value_or("");
   env.rdzv_token = lookup("DDP_RDZV_TOKEN").value_or("");
+  // Both travel in the store's hello, which the store reads only up to a
+  // limit (what a stranger may make it read).
+  const std::size_t given = env.run_id.size() + env.rdzv_token.size();
+  const std::size_t framing = detail::store_wire::hello_frame("", "").size() - 4;
+  if (framing + given > detail::store_wire::kMaxHelloFrame) {
+    throw UsageError(fmt::format(
+        "TORCHELASTIC_RUN_ID and DDP_RDZV_TOKEN are {} and {} bytes long; together they may have {}: use a shorter "
+        "job name or token (16 random bytes in hex are plenty)",
+        env.run_id.size(), env.rdzv_token.size(), detail::store_wire::kMaxHelloFrame - framing));
+  }
   return env;
 }
 

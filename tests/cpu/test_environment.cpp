@@ -78,6 +78,19 @@ TEST(Environment, MissingVariableIsNamedWithHowToFixIt) {
   }
 }
 
+// Both travel in the store's hello, which the store reads only up to 4 KiB.
+TEST(Environment, ARunIdAndTokenTooLongForTheStoresHelloAreRejected) {
+  Vars vars = valid();
+  vars["DDP_RDZV_TOKEN"] = std::string(4000, 'a');
+  EXPECT_EQ(parse(vars).rdzv_token.size(), 4000u);
+  vars["TORCHELASTIC_RUN_ID"] = std::string(100, 'j');
+  const std::string message = error_for(vars);
+  EXPECT_NE(message.find("TORCHELASTIC_RUN_ID and DDP_RDZV_TOKEN are 100 and 4000 bytes long; together they may "
+                         "have 4076"),
+            std::string::npos)
+      << message;
+}
+
 TEST(Environment, NonNumericValuesAreRejected) {
   for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"}) {
     for (const char* text : {"abc", "", "3x", "1.5", "99999999999999999999"}) {

@@ -198,6 +198,11 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--uneven", "join", "--cuda-graph", "on"}, "--uneven join trains the uneven steps eagerly"},
       {TRAIN_LLAMA, {"--uneven", "pad"}, "--uneven must be drop or join, got 'pad'"},
       {TRAIN_RESNET50, {"--bn", "fused"}, "--bn must be auto, cudnn, libddp or aten, got 'fused'"},
+      {TRAIN_LLAMA, {"--weight-decay", "nan"}, "--weight-decay must be a finite number in [0, inf), got nan"},
+      {TRAIN_LLAMA, {"--beta2", "1.5"}, "--beta2 must be a finite number in [0, 1), got 1.5"},
+      {TRAIN_LLAMA, {"--eval-batches", "-3"}, "--eval-batches must be at least 0"},
+      {TRAIN_RESNET50, {"--momentum", "-1"}, "--momentum must be a finite number in [0, 1), got -1"},
+      {TRAIN_RESNET50, {"--label-smoothing", "-0.5"}, "--label-smoothing must be a finite number in [0, 1], got -0.5"},
   };
   for (const auto& c : cases) {
     const auto result = train(c.program, c.args, scratch);

@@ -49,7 +49,8 @@ ScratchDir::~ScratchDir() {
 std::vector<std::string> ScratchDir::files() const {
   std::vector<std::string> names;
   for (const auto& entry : std::filesystem::directory_iterator(path_)) {
-    if (entry.path().filename() != "ddprun.out") names.push_back(entry.path().filename().string());
+    const std::string name = entry.path().filename().string();
+    if (name != "ddprun.out" && name != "ddprun.in") names.push_back(name);
   }
   std::sort(names.begin(), names.end());
   return names;
@@ -78,6 +79,11 @@ DdprunProcess start_ddprun(const std::vector<std::string>& args, const ScratchDi
   process.output_path = scratch.path() + "/ddprun.out";
   const int out = ::open(process.output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (out < 0) throw system_error("open " + process.output_path);
+  // Input waits on ddprun's stdin, as typing at its terminal would leave it: no worker may read it.
+  const std::string input_path = scratch.path() + "/ddprun.in";
+  std::ofstream(input_path) << kDdprunInput << "\n";
+  const int in = ::open(input_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) throw system_error("open " + input_path);
   process.pid = ::fork();
   if (process.pid < 0) throw system_error("fork");
   if (process.pid == 0) {
@@ -87,11 +93,13 @@ DdprunProcess start_ddprun(const std::vector<std::string>& args, const ScratchDi
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     for (int signal : {SIGINT, SIGTERM, SIGHUP}) ::signal(signal, SIG_DFL);
-    if (::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) ::_exit(126);
+    if (::dup2(in, STDIN_FILENO) < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) {
+      ::_exit(126);
+    }
     ::execve(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
-  if (::close(out) != 0) throw system_error("close");
+  if (::close(out) != 0 || ::close(in) != 0) throw system_error("close");
   return process;
 }
 

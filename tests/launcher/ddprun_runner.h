@@ -29,6 +29,9 @@ class ScratchDir {
 /// test's environment with every SLURM_* removed.
 using EnvChanges = std::map<std::string, std::optional<std::string>>;
 
+/// What start_ddprun leaves waiting on ddprun's stdin.
+inline constexpr const char* kDdprunInput = "typed at ddprun's terminal";
+
 /// A ddprun started in the background; its stdout and stderr go to
 /// SCRATCH/ddprun.out, so one ScratchDir serves one ddprun at a time.
 struct DdprunProcess {

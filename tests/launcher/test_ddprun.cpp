@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -67,6 +68,8 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
       {{"--nnodes", "2", "--node-rank", "2", "--master-port", free, probe, "env", dir},
        "--node-rank 2 must be smaller than --nnodes 2"},
       {{"--standalone", "--nnodes", "2", probe, "env", dir}, "--standalone runs on one node"},
+      {{"--standalone", "--master-addr", "10.9.9.9", probe, "env", dir},
+       "--standalone serves the rendezvous on loopback; drop --master-addr"},
       {{"--master-port", std::to_string(busy.port()), probe, "env", dir},
        "--master-port " + std::to_string(busy.port()) + " cannot be used on this host"},
       {{"--standalone", dir + "/no_such_program"},
@@ -92,6 +95,26 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
     EXPECT_TRUE(contains(result.output, "usage: ddprun")) << result.output;
     EXPECT_EQ(scratch.files(), std::vector<std::string>{"file"}) << "a worker was started";
   }
+}
+
+// Workers read nothing of ddprun's input (in groups of their own, one that
+// read a terminal would be stopped for good); and a reader of ddprun's output
+// that goes away ends the job with a message, not a silent SIGPIPE.
+TEST(Ddprun, WorkersReadNoInputAndAClosedOutputEndsTheJobWithAMessage) {
+  ScratchDir scratch;
+  DdprunResult result = run_ddprun(
+      {"--standalone", "--nproc-per-node", "2", "/bin/sh", "-c", "read -r line; echo \"read [$line]\""}, scratch);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "[rank0]: read []")) << result.output;
+  EXPECT_TRUE(contains(result.output, "[rank1]: read []")) << result.output;
+  EXPECT_FALSE(contains(result.output, kDdprunInput)) << result.output;
+
+  // ddprun's output into a pipe whose reader goes away: `ddprun ... | head -1`.
+  const std::string errors = scratch.path() + "/pipe.err";
+  const std::string pipeline = std::string(DDPRUN_PATH) + " --standalone /bin/sh -c 'while echo line; do :; done' 2>" +
+                               errors + " | head -1 >/dev/null";
+  ASSERT_EQ(std::system(pipeline.c_str()), 0);
+  EXPECT_TRUE(contains(read_file(errors), "ddprun: writing worker output failed")) << read_file(errors);
 }
 
 TEST(Ddprun, TakenPortOnlyMattersOnNodeRank0) {
