@@ -154,6 +154,9 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   const int rank = process_group_->rank();
   const c10::Device device = process_group_->device();
   const bool resuming = options_.resume && checkpoint_exists(options_.checkpoint, options_.checkpoint_format);
+  if (!options_.checkpoint.empty()) {
+    check_checkpoint_writable(*process_group_, options_.checkpoint, options_.checkpoint_format);
+  }
   Progress progress(rank, options_.steps, options_.unit, options_.metrics, resuming, device);
   ddp::set_process_tf32(policy_);  // the guard covers forward only; backward needs the same math mode
 

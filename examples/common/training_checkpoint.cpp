@@ -1,5 +1,10 @@
 #include "training_checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -141,6 +146,51 @@ void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::strin
     model.load(model_archive, optimizer_archive);
   }
   set_generator_state(process_group.device(), all_states[process_group.rank()]);
+}
+
+namespace {
+
+/// Why the saves could not write `path`, or "".
+std::string unwritable(const std::string& path, CheckpointFormat format, int rank) {
+  namespace fs = std::filesystem;
+  const bool sharded = format == CheckpointFormat::kSharded;
+  if (!sharded && fs::is_directory(path)) {
+    return fmt::format(
+        "--checkpoint {} is a folder; a whole checkpoint is one file (or use --checkpoint-format "
+        "sharded)",
+        path);
+  }
+  if (sharded && fs::exists(path) && !fs::is_directory(path)) {
+    return fmt::format("--checkpoint {} is a file; a sharded checkpoint is a folder", path);
+  }
+  const fs::path folder = sharded                            ? fs::path(path)
+                          : fs::path(path).has_parent_path() ? fs::path(path).parent_path()
+                                                             : fs::path(".");
+  std::error_code error;
+  fs::create_directories(folder, error);
+  if (error)
+    return fmt::format("--checkpoint {}: cannot create the folder {}: {}", path, folder.string(), error.message());
+  const fs::path probe = folder / fmt::format(".write-probe.rank{}.{}", rank, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return fmt::format("--checkpoint {}: cannot write in {}: {}", path, folder.string(), std::strerror(errno));
+  ::close(fd);
+  fs::remove(probe, error);
+  return "";
+}
+
+}  // namespace
+
+void check_checkpoint_writable(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format) {
+  const bool writes = format == CheckpointFormat::kSharded || process_group.rank() == 0;
+  const std::string problem = writes ? unwritable(path, format, process_group.rank()) : "";
+  at::Tensor failed =
+      at::full({1}, problem.empty() ? 0 : 1, at::TensorOptions().dtype(at::kLong).device(process_group.device()));
+  process_group.communicator().all_reduce(failed, ddp::ReduceOp::kMax)->wait();
+  if (!problem.empty()) throw ddp::UsageError(problem);
+  if (failed.item<std::int64_t>() != 0) {
+    throw ddp::UsageError(fmt::format("--checkpoint {}: another rank cannot write it (see its error)", path));
+  }
 }
 
 }  // namespace examples

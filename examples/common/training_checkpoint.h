@@ -80,4 +80,10 @@ void save_training_checkpoint(ddp::ProcessGroup& process_group, const std::strin
 void load_training_checkpoint(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format,
                               const ModelCheckpointing& model, ddp::GradScaler& scaler, TrainingState& state);
 
+/// Refuses, before the first step, a `path` the saves could not write
+/// (found at the first save, it would cost the training done so far): the
+/// ranks that write (rank 0 for a whole checkpoint, every rank for a sharded
+/// one) create its folder and a file in it. Collective.
+void check_checkpoint_writable(ddp::ProcessGroup& process_group, const std::string& path, CheckpointFormat format);
+
 }  // namespace examples

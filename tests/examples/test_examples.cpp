@@ -3,6 +3,7 @@
 // where it stopped, and bad input is refused with a clear message.
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -174,6 +175,8 @@ TEST(Examples, BadInputIsRefusedByName) {
     std::string expected;
   };
   const std::string checkpoint = scratch.path() + "/ckpt.pt";
+  const std::string a_file = scratch.path() + "/a_file";
+  std::ofstream(a_file) << "x";
   const std::vector<Case> cases{
       {TRAIN_LLAMA, {"--presett", "tiny"}, "unknown flag '--presett'"},
       {TRAIN_LLAMA, {"--preset", "gpt5"}, "tinyllama-1.1b"},
@@ -198,6 +201,9 @@ TEST(Examples, BadInputIsRefusedByName) {
       {TRAIN_LLAMA, {"--uneven", "join", "--cuda-graph", "on"}, "--uneven join trains the uneven steps eagerly"},
       {TRAIN_LLAMA, {"--uneven", "pad"}, "--uneven must be drop or join, got 'pad'"},
       {TRAIN_RESNET50, {"--bn", "fused"}, "--bn must be auto, cudnn, libddp or aten, got 'fused'"},
+      // Checked before the first step, not found at the first save after training.
+      {TRAIN_LLAMA, with(kLlama, {"--checkpoint", a_file + "/c.pt"}), "cannot create the folder " + a_file},
+      {TRAIN_RESNET50, with(kResnet, {"--checkpoint", scratch.path()}), "is a folder; a whole checkpoint is one file"},
       {TRAIN_LLAMA, {"--weight-decay", "nan"}, "--weight-decay must be a finite number in [0, inf), got nan"},
       {TRAIN_LLAMA, {"--beta2", "1.5"}, "--beta2 must be a finite number in [0, 1), got 1.5"},
       {TRAIN_LLAMA, {"--eval-batches", "-3"}, "--eval-batches must be at least 0"},
