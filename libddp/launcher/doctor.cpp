@@ -1,7 +1,7 @@
 #include "launcher/doctor.h"
 
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,17 +104,21 @@ std::vector<Check> run_probe(const std::string& scratch, int workers, bool sever
   for (auto& entry : env_text) envp.push_back(entry.data());
   envp.push_back(nullptr);
 
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
   const std::string output = scratch + "/ddprun.out";
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = -1;
-  const int spawned = posix_spawn(&pid, self.c_str(), &actions, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
-    return {{CheckStatus::kFailure, "worker probe", fmt::format("could not start {}: {}", self, std::strerror(spawned)),
+  const pid_t doctor = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    return {{CheckStatus::kFailure, "worker probe", fmt::format("could not start {}: {}", self, std::strerror(errno)),
              "check that ddprun can start programs here"}};
+  }
+  if (pid == 0) {
+    // The probe job ends with the doctor, however the doctor ends (a
+    // signal, a kill): its ddprun stops its workers on SIGTERM.
+    if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != doctor) ::_exit(126);
+    const int out = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) ::_exit(126);
+    ::execve(self.c_str(), argv.data(), envp.data());
+    ::_exit(127);
   }
   int status = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kProbeSeconds);

@@ -1,7 +1,10 @@
 // ddprun as users run it: real processes, real signals. The workers are
 // launcher_probe (see its source); every test checks that none is left.
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -322,6 +325,42 @@ void expect_dies(pid_t pid, const std::string& what) {
   const std::vector<pid_t> alive = wait_until_dead({pid}, seconds(5));
   for (pid_t survivor : alive) ::kill(survivor, SIGKILL);
   EXPECT_EQ(alive, std::vector<pid_t>{}) << what;
+}
+
+// A doctor killed while its probe job runs takes the job with it: the job's
+// ddprun gets SIGTERM as the doctor dies and stops its workers. (The job
+// went on, its parent gone, and held the GPUs for minutes.)
+TEST(Ddprun, AKilledDoctorLeavesNoProbeJob) {
+  namespace fs = std::filesystem;
+  ScratchDir scratch;
+  const fs::path bin = fs::path(scratch.path()) / "bin";
+  fs::create_directories(bin);
+  fs::copy_file(DDPRUN_PATH, bin / "ddprun");
+  const fs::path probe = bin / "ddp_doctor_probe";  // beside ddprun, where the doctor looks for it
+  std::ofstream(probe) << "#!/bin/sh\n"
+                          "echo $$ > \""
+                       << scratch.path()
+                       << "/pid_$RANK.partial\"\n"
+                          "mv \""
+                       << scratch.path() << "/pid_$RANK.partial\" \"" << scratch.path()
+                       << "/pid_$RANK\"\n"
+                          "exec sleep 120\n";
+  fs::permissions(probe, fs::perms::owner_all);
+  const std::string doctor_path = (bin / "ddprun").string();
+  const pid_t doctor = ::fork();
+  ASSERT_GE(doctor, 0);
+  if (doctor == 0) {
+    const int nothing = ::open("/dev/null", O_WRONLY);
+    if (nothing < 0 || ::dup2(nothing, STDOUT_FILENO) < 0 || ::dup2(nothing, STDERR_FILENO) < 0) ::_exit(126);
+    ::execl(doctor_path.c_str(), "ddprun", "--doctor", nullptr);
+    ::_exit(127);
+  }
+  const std::vector<pid_t> workers = wait_for_pid_files(scratch.path(), 1, seconds(60));
+  ASSERT_EQ(::kill(doctor, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(doctor, &status, 0), doctor);
+  ASSERT_FALSE(workers.empty()) << "the probe job never started";
+  for (pid_t worker : workers) expect_dies(worker, "a probe worker outlived the killed doctor");
 }
 
 // A worker's descendant that leaves its process group (setsid, a daemon)
