@@ -2,6 +2,7 @@
 #include "launcher/ports.h"
 #include "launcher/slurm.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -90,10 +91,16 @@ void require_writable_dir(const std::string& dir) {
     throw LaunchUsageError(
         fmt::format("--log-dir {}: cannot create the folder ({}); give a writable folder", dir, error.message()));
   }
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+  // A file made and removed, not access(): root passes access() where it
+  // cannot write either (a read-only filesystem, /proc).
+  const std::string probe = fmt::format("{}/.ddprun-write-probe.{}", dir, ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
     throw LaunchUsageError(
-        fmt::format("--log-dir {}: access failed: {}; give a folder you can write", dir, std::strerror(errno)));
+        fmt::format("--log-dir {}: cannot write in it ({}); give a folder you can write", dir, std::strerror(errno)));
   }
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 /// `words` random 32-bit words in hex, from the kernel's generator.

@@ -84,6 +84,7 @@ TEST(Ddprun, BadInputExitsWithCode2AndStartsNothing) {
        "--master-addr 'bad..host' does not resolve on this host"},
       {{"--standalone", "--log-dir", not_a_folder + "/logs", probe, "env", dir},
        "--log-dir " + not_a_folder + "/logs: cannot create the folder"},
+      {{"--standalone", "--log-dir", "/sys/kernel", probe, "env", dir}, "--log-dir /sys/kernel: cannot write in it"},
       {{"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", probe, "env", dir},
        "--nnodes 2 needs DDP_RDZV_TOKEN"},
       {{"--standalone", "--tee=false", probe, "env", dir}, "--tee takes no value (got '--tee=false')"},
