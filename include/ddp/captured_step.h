@@ -85,7 +85,9 @@ class DDP_API CapturedStep {
   at::Tensor operator()(const std::vector<at::Tensor>& inputs);
 
   /// Drops the recorded graph (and the memory it holds): the next calls warm
-  /// up and record anew, e.g. for inputs of another shape.
+  /// up and record anew, e.g. for inputs of another shape, or after loading
+  /// a checkpoint (the loaded optimizer state is in tensors the graph does
+  /// not write).
   void reset();
 
   /// Whether a graph is recorded: the next call replays it.
