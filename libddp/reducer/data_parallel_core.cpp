@@ -328,7 +328,7 @@ std::vector<at::Tensor> DataParallelCore::local_parameters(const std::vector<at:
 void DataParallelCore::gather_parameters() {
   if (!sharded_) return;
   sharded_->stop_recording();  // not part of an iteration
-  sharded_->gather();
+  sharded_->gather_for_caller();
   if (units_) units_->gather_all();
 }
 

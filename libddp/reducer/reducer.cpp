@@ -84,6 +84,12 @@ void Reducer::hook(std::size_t index, compat::GradAccumulatorPtr accumulator) {
 
 void Reducer::follow_replaced_accumulators() {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (!parameters_[i].requires_grad()) {
+      throw UsageError(fmt::format(
+          "libddp: parameter '{}' no longer requires a gradient; DistributedDataParallel reduces the parameters "
+          "that required one when it was built: set requires_grad before wrapping the module (or wrap it anew)",
+          names_[i]));
+    }
     auto current = torch::autograd::impl::grad_accumulator(parameters_[i]);
     if (current == accumulators_[i]) continue;
     accumulators_[i]->del_post_hook(hook_keys_[i]);
@@ -436,6 +442,12 @@ void Reducer::launch_ready_buckets() {
                                        : nullptr;
     bucket.finish = config_.comm_hook(bucket.observer ? *bucket.observer : comm_,
                                       GradBucket{next_bucket_, bucket.buffer, bucket.shard});
+    if (!bucket.finish) {
+      throw UsageError(fmt::format(
+          "libddp: the comm hook returned an empty function for bucket {}; return one that waits for the bucket's "
+          "reduction, or [] {{}} when nothing is left to do",
+          next_bucket_));
+    }
     if (config_.sharded) config_.sharded->note_reduction(next_bucket_);
     if (frees_buckets()) {
       // The reduction holds the memory until it ends (the communicator

@@ -132,6 +132,12 @@ void ShardedParameters::attach_gradients(const std::vector<std::uint8_t>* global
   gather_pending_ = true;
 }
 
+void ShardedParameters::gather_for_caller() {
+  const bool pending = gather_pending_;
+  gather();
+  gather_pending_ = pending;
+}
+
 void ShardedParameters::gather(bool defer_units) {
   c10::NoGradGuard no_grad;
   for (const Bucket& bucket : buckets_) {

@@ -92,6 +92,11 @@ class ShardedParameters {
   /// its buffer (Module::load or Module::to replaced its storage), naming
   /// the loaders that write into the shards.
   void gather(bool defer_units = false);
+  /// gather() for the caller (DistributedDataParallel::gather_parameters),
+  /// leaving a pending gather pending: called between backward and the
+  /// optimizer's step, the step still changes the shards, and the next
+  /// forward must gather them again. Collective.
+  void gather_for_caller();
 
   std::size_t bucket_count() const { return buckets_.size(); }
   bool transient(std::size_t bucket) const { return buckets_[bucket].transient; }

@@ -323,6 +323,34 @@ TEST(DdpGlooOneRank, TrainsAsTheModuleAlone) {
   }));
 }
 
+// A parameter frozen after wrapping crashed the next forward (a null
+// gradient accumulator), and a comm hook that returned no function failed
+// with a bare std::bad_function_call: both are UsageErrors that say so.
+TEST(DdpGlooTwoRanks, FreezingAfterWrappingAndAnEmptyCommHookAreUsageErrors) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_gloo();
+    torch::nn::Linear linear(4, 3);
+    ddp::DistributedDataParallel<torch::nn::Linear> model(linear, pg);
+    model(torch::ones({2, 4})).sum().backward();
+    linear->bias.requires_grad_(false);
+    require_usage_error(
+        [&] {
+          model(torch::ones({2, 4})).sum().backward();
+        },
+        "parameter 'bias' no longer requires a gradient");
+
+    ddp::DistributedDataParallel<torch::nn::Linear> hooked(
+        torch::nn::Linear(4, 3), pg,
+        ddp::DistributedDataParallelOptions().comm_hook(
+            [](ddp::Communicator&, const ddp::GradBucket&) -> std::function<void()> { return nullptr; }));
+    require_usage_error(
+        [&] {
+          hooked(torch::ones({2, 4})).sum().backward();
+        },
+        "the comm hook returned an empty function for bucket 0");
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DdpGloo, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 

@@ -86,6 +86,21 @@ TEST_P(ShardingGloo, MlpInOneAndInManyBucketsMatchesPlainDdpAndOneProcess) {
   }));
 }
 
+// gather_parameters() between backward and the step consumed the gather the
+// step makes pending: the next forward ran on stale parameters, and the
+// ranks drifted apart without an error.
+TEST_P(ShardingGloo, GatheringParametersBeforeTheStepMatches) {
+  expect_all_succeeded(run_ranks(GetParam(), [](int) {
+    auto pg = init_gloo();
+    for (Sharding sharding : {Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
+      ShardingScenario scenario;
+      scenario.sharding = sharding;
+      scenario.gather_before_step = true;
+      check_sharded_matches(*pg, scenario);
+    }
+  }));
+}
+
 TEST_P(ShardingGloo, UnusedBranchTiedAndFrozenParametersMatch) {
   expect_all_succeeded(run_ranks(GetParam(), [](int) {
     auto pg = init_gloo();

@@ -198,6 +198,7 @@ double check_sharded_matches(ProcessGroup& pg, const ShardingScenario& scenario)
                   std::to_string(plain_norm) + " (plain) against " + std::to_string(reference_norm));
       require(reference_norm > scenario.clip, "the scenario's clip bound does not clip");
     }
+    if (scenario.gather_before_step) sharded.gather_parameters();
     sharded_optimizer->step();
     plain_optimizer->step();
     reference_optimizer->step();

@@ -31,6 +31,10 @@ struct ShardingScenario {
   int steps = 3;
   int micro_steps = 1;        ///< > 1: the first micro_steps - 1 backward passes run under no_sync()
   double clip = 0;            ///< > 0: clip_grad_norm_ to this before each step
+  /// gather_parameters() between backward and each step (as a caller that
+  /// logs the weights does): the step that follows must still reach the
+  /// next forward.
+  bool gather_before_step = false;
   /// ddp::optim::FusedAdamW for all three (its fused kernel on CUDA) instead of torch::optim::AdamW.
   bool fused_optimizer = false;
   double tolerance = 1e-6;    ///< max abs difference of any parameter
