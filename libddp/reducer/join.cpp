@@ -200,7 +200,12 @@ void DataParallelCore::shadow_until_all_joined() {
 
 void DataParallelCore::shadow_iteration(int kind, bool train_buffers, int buffer_root) {
   Communicator& comm = process_group_->communicator();
-  reducer_->prepare_for_forward();  // DDP's bucket rebuild, when due, is collective
+  {
+    // DDP's bucket rebuild, when due, is collective: as the active ranks'
+    // forward does it, which an evaluation forward (no autograd) does not.
+    const at::AutoGradMode grad(kind != kEvaluationForward);
+    reducer_->prepare_for_forward();
+  }
   if (sharded_) {
     sharded_->gather(/*defer_units=*/units_ && units_->checked());
     for (std::size_t bucket = 0; bucket < sharded_->bucket_count(); ++bucket) sharded_->settle(bucket);

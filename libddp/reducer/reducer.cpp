@@ -185,8 +185,13 @@ std::int64_t Reducer::allocated_bucket_bytes() const {
 }
 
 void Reducer::prepare_for_forward() {
+  // A forward without autograd has no backward: between a forward and its
+  // backward (a target computed under NoGradGuard) it must leave that
+  // backward armed, and on one rank alone (rank 0 evaluating) it must not
+  // rebuild the buckets, which is collective. As PyTorch's DDP.
+  if (!at::GradMode::is_enabled()) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  armed_ = false;  // a forward whose backward never ran (evaluation) leaves nothing behind
+  armed_ = false;  // a forward whose backward never ran leaves nothing behind
   follow_current_stream();
   const bool rebuild = config_.reduce && !config_.sharded && !rebuilt_ && reduced_iterations_ >= 1 &&
                        (!config_.find_unused_parameters || config_.static_graph) &&

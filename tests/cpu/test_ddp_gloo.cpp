@@ -351,6 +351,30 @@ TEST(DdpGlooTwoRanks, FreezingAfterWrappingAndAnEmptyCommHookAreUsageErrors) {
   }));
 }
 
+// A forward under NoGradGuard between a forward and its backward (a target,
+// a pseudo-label) disarmed the reducer: that backward was not averaged, and
+// the ranks drifted apart silently. Three iterations: the second rebuilds
+// the buckets.
+TEST(DdpGlooTwoRanks, ANoGradForwardBetweenAForwardAndItsBackwardLeavesItAveraged) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_gloo();
+    ddp::DistributedDataParallel<torch::nn::Linear> model(torch::nn::Linear(4, 3), pg);
+    for (int iteration = 0; iteration < 3; ++iteration) {
+      for (auto& parameter : model.parameters()) parameter.mutable_grad() = at::Tensor();
+      at::Tensor loss = model(torch::full({2, 4}, static_cast<double>(rank + 1))).sum();
+      {
+        torch::NoGradGuard no_grad;
+        model(torch::ones({2, 4}));
+      }
+      loss.backward();
+      // d(sum of outputs)/dW = the batch's column sums, 2 (rank + 1): averaged, 3; the bias's, 2.
+      require(model.module()->weight.grad().eq(3).all().item<bool>(),
+              "iteration " + std::to_string(iteration) + ": the weight's gradient is not the ranks' average");
+      require(model.module()->bias.grad().eq(2).all().item<bool>(), "the bias's gradient is not the average");
+    }
+  }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DdpGloo, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
