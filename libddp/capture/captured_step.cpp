@@ -120,6 +120,9 @@ struct CapturedStep::Impl {
       graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
         static_output = function(static_inputs).detach();
+        // Ending can fail too: work forked onto another stream and never
+        // joined, or out of memory while the graph is instantiated.
+        graph->capture_end();
       } catch (const std::exception& error) {
         try {
           graph->capture_end();
@@ -128,7 +131,8 @@ struct CapturedStep::Impl {
         }
         graph.reset();
         static_inputs.clear();
-        const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
+        const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr ||
+                                   std::string(error.what()).find("out of memory") != std::string::npos;
         throw UsageError(fmt::format(
             "ddp::CapturedStep: the step could not be recorded into a CUDA graph: {}. {}", first_line_of(error),
             out_of_memory ? "The recorded step keeps its own memory for its activations beside the parameters, "
@@ -137,9 +141,9 @@ struct CapturedStep::Impl {
                             "(LLaMA-2-7B on one H200 records only so), lower the batch or sequence length, shard "
                             "(a DistributedDataParallel sharding mode), or run the step eagerly"
                           : "A recorded step must not wait for the GPU on the host: no .item() or copy to the "
-                            "CPU, no find_unused_parameters without static_graph; run such steps eagerly"));
+                            "CPU, no find_unused_parameters without static_graph, no work forked onto another "
+                            "stream and left unjoined; run such steps eagerly"));
       }
-      graph->capture_end();
     }
     at::cuda::CUDAEvent recorded;
     recorded.record(side);

@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -198,6 +201,53 @@ TEST(CapturedStep, RecordingReleasesTheEagerStepsCachedMemory) {
   }
   allocator::setMemoryFraction(1.0, gpu.index());
   EXPECT_EQ(error, "");
+  EXPECT_TRUE(step.captured());
+}
+
+// A recording that fails as it ends (here: work forked onto another stream
+// and never joined, which cudaStreamEndCapture refuses) is the same one-line
+// UsageError as one that fails inside the step, and leaves nothing recorded:
+// the next call records anew. (capture_end() was outside the try: a raw
+// c10::Error, and captured() said true with a broken graph.)
+TEST(CapturedStep, ARecordingThatFailsAsItEndsIsAUsageErrorAndRecordsAgain) {
+  const torch::Device gpu(torch::kCUDA, 0);
+  torch::nn::Linear model(8, 8);
+  model->to(gpu);
+  ddp::optim::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  bool leave_a_fork = true;
+  int calls = 0;
+  ddp::CapturedStep step(
+      optimizer,
+      [&](const std::vector<at::Tensor>& batch) {
+        optimizer.zero_grad(/*set_to_none=*/false);
+        at::Tensor loss = model(batch[0]).square().mean();
+        loss.backward();
+        optimizer.step();
+        if (++calls == 3 && leave_a_fork) {  // the recording
+          const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, gpu.index());
+          at::cuda::CUDAEvent forked;
+          forked.record(c10::cuda::getCurrentCUDAStream(gpu.index()));
+          forked.block(side);
+          const c10::cuda::CUDAStreamGuard on_side(side);
+          loss.add(1);
+        }
+        return loss;
+      },
+      ddp::CapturedStepOptions().warmup_steps(2));
+  const at::Tensor batch = torch::randn({4, 8}, gpu);
+  step({batch});
+  step({batch});
+  std::string error;
+  try {
+    step({batch});
+  } catch (const ddp::UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("the step could not be recorded into a CUDA graph"), std::string::npos) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_FALSE(step.captured());
+  leave_a_fork = false;
+  step({batch});
   EXPECT_TRUE(step.captured());
 }
 
