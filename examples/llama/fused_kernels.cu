@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime_api.h>
 
 #include "cuda_values.cuh"
@@ -148,29 +149,71 @@ __global__ void rotate_pairs_kernel(const T* __restrict__ x, const float* __rest
   }
 }
 
+/// The merged rows in T: what the rows hold is the gradient itself.
+template <typename T>
+struct RowsInValues {
+  Pack<T, 2>* rows;
+  __device__ __forceinline__ void write(int64_t pair, const Pack<T, 2>& r) { rows[pair] = r; }
+  __device__ __forceinline__ void finish() {}
+};
+
+/// The merged rows as the FP8 cast a Float8Linear takes for its output's
+/// gradient (ddp::float8::output_gradient_destination): each value as the
+/// rows in T would hold it, times the scale, rounded to nearest even and
+/// saturated; its |value| max-accumulated into the amax as the bits of a
+/// non-negative float (integer order is float order there, NaN the largest,
+/// as in ATen's amax). Every thread of the block calls finish().
+template <typename T, __nv_fp8_interpretation_t kFormat>
+struct RowsInFloat8 {
+  __nv_fp8x2_storage_t* rows;
+  const float* scale;  // on the device
+  int* amax_bits;
+  int max_bits = 0;
+
+  __device__ __forceinline__ void write(int64_t pair, const Pack<T, 2>& r) {
+    const float even = to_float(r.v[0]), odd = to_float(r.v[1]);
+    const float s = __ldg(scale);
+    max_bits = max(max_bits, max(__float_as_int(fabsf(even)), __float_as_int(fabsf(odd))));
+    rows[pair] = __nv_cvt_float2_to_fp8x2(make_float2(even * s, odd * s), __NV_SATFINITE, kFormat);
+  }
+  __device__ __forceinline__ void finish() {
+    __shared__ int warp_max[1024 / 32];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) max_bits = max(max_bits, __shfl_xor_sync(~0u, max_bits, offset));
+    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = max_bits;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int block_max = 0;
+      for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) block_max = max(block_max, warp_max[w]);
+      atomicMax(amax_bits, block_max);
+    }
+  }
+};
+
 /// The rows of an attention projection's output [tokens, row_pairs pairs]:
 /// a token's q, k and v side by side, as one GEMM wrote them (q_pairs, then
 /// k_pairs, then v's). Split (kMerge false): reads a row, writes q and k
 /// rotated and v as is into three tensors of their own. Merged (kMerge true,
 /// sin_sign -1: the inverse rotation, their gradient): reads the three
-/// gradients and writes the row, so that the projection's backward gets its
-/// output's gradient whole, where autograd would fill a zero tensor per slice
-/// and sum them.
-template <typename T, bool kMerge>
+/// gradients and writes the row through `merged` (in T, or as the
+/// projection's FP8 output gradient), so that the projection's backward gets
+/// its output's gradient whole, where autograd would fill a zero tensor per
+/// slice and sum them.
+template <typename T, bool kMerge, typename MergedRows = RowsInValues<T>>
 __global__ void qkv_rotation_kernel(Pack<T, 2>* __restrict__ rows, Pack<T, 2>* __restrict__ q,
                                     Pack<T, 2>* __restrict__ k, Pack<T, 2>* __restrict__ v,
                                     const float* __restrict__ cos, const float* __restrict__ sin, int seq,
-                                    int pairs_per_head, int q_pairs, int k_pairs, int row_pairs, float sin_sign) {
+                                    int pairs_per_head, int q_pairs, int k_pairs, int row_pairs, float sin_sign,
+                                    MergedRows merged) {
   const int64_t token = blockIdx.x;
   const int64_t angle_row = (token % seq) * pairs_per_head;
   const int v_pairs = row_pairs - q_pairs - k_pairs;
-  Pack<T, 2>* row = rows + token * row_pairs;
   for (int i = threadIdx.x; i < row_pairs; i += blockDim.x) {
     const bool rotated = i < q_pairs + k_pairs;
     Pack<T, 2>* part = i < q_pairs ? q + token * q_pairs + i
                        : rotated   ? k + token * k_pairs + (i - q_pairs)
                                    : v + token * v_pairs + (i - q_pairs - k_pairs);
-    const Pack<T, 2> p = kMerge ? *part : row[i];
+    const Pack<T, 2> p = kMerge ? *part : rows[token * row_pairs + i];
     Pack<T, 2> r = p;
     if (rotated) {
       // q_pairs is a whole number of heads: k's pairs count from a head's start too.
@@ -183,11 +226,12 @@ __global__ void qkv_rotation_kernel(Pack<T, 2>* __restrict__ rows, Pack<T, 2>* _
       r.v[1] = from_float<T>(even * s + odd * c);
     }
     if (kMerge) {
-      row[i] = r;
+      merged.write(token * row_pairs + i, r);
     } else {
       *part = r;
     }
   }
+  if (kMerge) merged.finish();
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -293,48 +337,82 @@ at::Tensor rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Te
 
 namespace {
 
-/// Launches qkv_rotation_kernel over `rows` [batch, seq, (heads + 2 kv_heads)
-/// * head_dim] and q, k, v [batch, seq, heads or kv_heads, head_dim].
-template <bool kMerge>
+/// Launches qkv_rotation_kernel over the rows of a projection's output
+/// [batch, seq, (heads + 2 kv_heads) * head_dim] and q, k, v [batch, seq,
+/// heads or kv_heads, head_dim]: `rows`, that tensor (read when split,
+/// written when merged), or undefined where `merged_for` writes the merged
+/// rows elsewhere. merged_for(Pack<T, 2>* rows) gives the kernel's writer of
+/// the merged rows for q's dtype T.
+template <bool kMerge, typename MergedFor>
 void rotate_qkv(const at::Tensor& rows, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& cos, const at::Tensor& sin, const char* what) {
-  for (const auto& [t, name] : {std::pair{&rows, "qkv"}, std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"},
-                                std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
-    check_input(*t, rows, what, name);
+                const at::Tensor& cos, const at::Tensor& sin, const char* what, MergedFor merged_for) {
+  for (const auto& [t, name] :
+       {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_input(*t, q, what, name);
   }
   const int64_t head_dim = q.size(3);
-  TORCH_CHECK(rows.dim() == 3 && q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && head_dim % 2 == 0 &&
-                  k.size(3) == head_dim && q.size(0) == rows.size(0) && q.size(1) == rows.size(1) &&
-                  k.size(0) == rows.size(0) && k.size(1) == rows.size(1) &&
-                  rows.size(2) == (q.size(2) + 2 * k.size(2)) * head_dim && q.scalar_type() == rows.scalar_type() &&
-                  k.scalar_type() == rows.scalar_type() && v.scalar_type() == rows.scalar_type() && cos.dim() == 2 &&
-                  cos.size(0) == rows.size(1) && cos.size(1) == head_dim / 2 && sin.sizes() == cos.sizes() &&
-                  cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat,
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && head_dim % 2 == 0 && k.size(3) == head_dim &&
+                  k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.scalar_type() == q.scalar_type() &&
+                  v.scalar_type() == q.scalar_type() && cos.dim() == 2 && cos.size(0) == q.size(1) &&
+                  cos.size(1) == head_dim / 2 && sin.sizes() == cos.sizes() && cos.scalar_type() == at::kFloat &&
+                  sin.scalar_type() == at::kFloat,
               what,
-              ": qkv [batch, seq, (heads + 2 kv_heads) * head_dim], q [batch, seq, heads, head_dim], k and v "
-              "[batch, seq, kv_heads, head_dim] of its dtype, fp32 cos and sin [seq, head_dim / 2] expected, got ",
-              rows.sizes(), ", ", q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", cos.sizes(), ", ", sin.sizes());
-  for (const at::Tensor* t : {&rows, &q, &k, &v}) {
-    TORCH_CHECK(aligned(t->data_ptr(), 2 * t->element_size()), what, ": every tensor must start on a pair boundary");
+              ": q [batch, seq, heads, head_dim], k and v [batch, seq, kv_heads, head_dim] of q's dtype, fp32 cos "
+              "and sin [seq, head_dim / 2] expected, got ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes(), ", ", cos.sizes(), ", ", sin.sizes());
+  const int64_t width = (q.size(2) + 2 * k.size(2)) * head_dim;
+  if (rows.defined()) {
+    check_input(rows, q, what, "qkv");
+    TORCH_CHECK(rows.dim() == 3 && rows.size(0) == q.size(0) && rows.size(1) == q.size(1) && rows.size(2) == width &&
+                    rows.scalar_type() == q.scalar_type(),
+                what, ": qkv [batch, seq, (heads + 2 kv_heads) * head_dim] of q's dtype expected, got ", rows.sizes(),
+                " for q ", q.sizes(), " and k ", k.sizes());
   }
-  const int64_t tokens = rows.size(0) * rows.size(1);
-  const int64_t row_pairs = rows.size(2) / 2;
-  TORCH_CHECK(tokens <= INT32_MAX && row_pairs <= INT32_MAX - kThreads, what, ": qkv of ", rows.sizes(),
+  for (const at::Tensor* t : {&rows, &q, &k, &v}) {
+    TORCH_CHECK(!t->defined() || aligned(t->data_ptr(), 2 * t->element_size()), what,
+                ": every tensor must start on a pair boundary");
+  }
+  const int64_t tokens = q.size(0) * q.size(1);
+  const int64_t row_pairs = width / 2;
+  TORCH_CHECK(tokens <= INT32_MAX && row_pairs <= INT32_MAX - kThreads, what, ": qkv of ", tokens, " tokens x ", width,
               " is too large");
   if (tokens == 0 || row_pairs == 0) return;
-  const c10::cuda::CUDAGuard device_guard(rows.device());
+  const c10::cuda::CUDAGuard device_guard(q.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, (row_pairs + 31) / 32 * 32));
-  with_cuda_type(rows.scalar_type(), what, [&](auto type) {
+  with_cuda_type(q.scalar_type(), what, [&](auto type) {
     using T = typename decltype(type)::type;
-    const auto pairs = [](const at::Tensor& t) { return static_cast<Pack<T, 2>*>(t.data_ptr()); };
+    const auto pairs = [](const at::Tensor& t) {
+      return t.defined() ? static_cast<Pack<T, 2>*>(t.data_ptr()) : static_cast<Pack<T, 2>*>(nullptr);
+    };
     qkv_rotation_kernel<T, kMerge><<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
         pairs(rows), pairs(q), pairs(k), pairs(v), cos.data_ptr<float>(), sin.data_ptr<float>(),
-        static_cast<int>(rows.size(1)), static_cast<int>(head_dim / 2), static_cast<int>(q.size(2) * head_dim / 2),
-        static_cast<int>(k.size(2) * head_dim / 2), static_cast<int>(row_pairs), kMerge ? -1.0f : 1.0f);
+        static_cast<int>(q.size(1)), static_cast<int>(head_dim / 2), static_cast<int>(q.size(2) * head_dim / 2),
+        static_cast<int>(k.size(2) * head_dim / 2), static_cast<int>(row_pairs), kMerge ? -1.0f : 1.0f,
+        merged_for(pairs(rows)));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
+
+/// rotate_qkv's writer of the merged rows in their own dtype, into `rows`.
+struct InValues {
+  template <typename T>
+  RowsInValues<T> operator()(Pack<T, 2>* rows) const {
+    return {rows};
+  }
+};
+
+/// rotate_qkv's writer of the merged rows as the FP8 cast `cast` of the
+/// format kFormat.
+template <__nv_fp8_interpretation_t kFormat>
+struct InFloat8 {
+  const ddp::Float8Tensor& cast;
+  template <typename T>
+  RowsInFloat8<T, kFormat> operator()(Pack<T, 2>* /*rows: none*/) const {
+    return {static_cast<__nv_fp8x2_storage_t*>(cast.data.data_ptr()), cast.scale.data_ptr<float>(),
+            reinterpret_cast<int*>(cast.amax.data_ptr<float>())};
+  }
+};
 
 }  // namespace
 
@@ -349,7 +427,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> split_rotate_qkv(const at::Tensor
   at::Tensor q = at::empty({qkv.size(0), qkv.size(1), heads, head_dim}, qkv.options());
   at::Tensor k = at::empty({qkv.size(0), qkv.size(1), kv_heads, head_dim}, qkv.options());
   at::Tensor v = at::empty_like(k);
-  rotate_qkv</*kMerge=*/false>(qkv, q, k, v, cos, sin, what);
+  rotate_qkv</*kMerge=*/false>(qkv, q, k, v, cos, sin, what, InValues{});
   return {std::move(q), std::move(k), std::move(v)};
 }
 
@@ -360,8 +438,33 @@ at::Tensor merge_rotate_qkv(const at::Tensor& grad_q, const at::Tensor& grad_k, 
               ": grad_q and grad_k [batch, seq, heads, head_dim] expected, got ", grad_q.sizes(), ", ", grad_k.sizes());
   at::Tensor grad_qkv = at::empty(
       {grad_q.size(0), grad_q.size(1), (grad_q.size(2) + 2 * grad_k.size(2)) * grad_q.size(3)}, grad_q.options());
-  rotate_qkv</*kMerge=*/true>(grad_qkv, grad_q, grad_k, grad_v, cos, sin, what);
+  rotate_qkv</*kMerge=*/true>(grad_qkv, grad_q, grad_k, grad_v, cos, sin, what, InValues{});
   return grad_qkv;
+}
+
+void merge_rotate_qkv_to_float8(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& grad_v,
+                                const at::Tensor& cos, const at::Tensor& sin, const ddp::Float8Tensor& cast) {
+  const char* what = "llama::kernels::merge_rotate_qkv_to_float8";
+  TORCH_CHECK(grad_q.dim() == 4 && grad_k.dim() == 4, what,
+              ": grad_q and grad_k [batch, seq, heads, head_dim] expected, got ", grad_q.sizes(), ", ", grad_k.sizes());
+  const int64_t tokens = grad_q.size(0) * grad_q.size(1);
+  const int64_t width = (grad_q.size(2) + 2 * grad_k.size(2)) * grad_q.size(3);
+  const at::Tensor& data = cast.data;
+  TORCH_CHECK(data.defined() && data.dim() == 2 && data.size(0) == tokens && data.size(1) == width &&
+                  data.is_contiguous() && data.element_size() == 1 && data.device() == grad_q.device() &&
+                  aligned(data.data_ptr(), 2) && cast.scale.defined() && cast.scale.numel() == 1 &&
+                  cast.scale.scalar_type() == at::kFloat && cast.scale.device() == grad_q.device() &&
+                  cast.amax.defined() && cast.amax.numel() == 1 && cast.amax.scalar_type() == at::kFloat &&
+                  cast.amax.device() == grad_q.device(),
+              what, ": an FP8 cast [", tokens, ", ", width, "] with fp32 scale and amax on q's device expected, got ",
+              data.defined() ? data.sizes() : at::IntArrayRef{});
+  if (data.scalar_type() == at::kFloat8_e5m2) {
+    rotate_qkv</*kMerge=*/true>(at::Tensor(), grad_q, grad_k, grad_v, cos, sin, what, InFloat8<__NV_E5M2>{cast});
+  } else {
+    TORCH_CHECK(data.scalar_type() == at::kFloat8_e4m3fn, what, ": an E5M2 or E4M3 cast expected, got ",
+                data.scalar_type());
+    rotate_qkv</*kMerge=*/true>(at::Tensor(), grad_q, grad_k, grad_v, cos, sin, what, InFloat8<__NV_E4M3>{cast});
+  }
 }
 
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {

@@ -19,6 +19,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <ddp/float8_tensor.h>
+
 namespace llama::kernels {
 
 /// Rotates consecutive feature pairs of x [batch, seq, heads, head_dim] by the
@@ -38,6 +40,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> split_rotate_qkv(const at::Tensor
 /// and v.
 at::Tensor merge_rotate_qkv(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& grad_v,
                             const at::Tensor& cos, const at::Tensor& sin);
+
+/// The same written as `cast`, the FP8 gradient of the projection's output
+/// that ddp::float8::output_gradient_destination gave ([tokens, width]
+/// data, its scale and the amax to max-accumulate into): the values
+/// merge_rotate_qkv would write, times the scale, saturated.
+void merge_rotate_qkv_to_float8(const at::Tensor& grad_q, const at::Tensor& grad_k, const at::Tensor& grad_v,
+                                const at::Tensor& cos, const at::Tensor& sin, const ddp::Float8Tensor& cast);
 
 /// silu(gate) * up, gate and up of one shape and dtype.
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up);

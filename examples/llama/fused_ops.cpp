@@ -1,7 +1,9 @@
 #include "fused_ops.h"
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include <torch/autograd.h>
 #include <torch/torch.h>
@@ -81,20 +83,40 @@ struct FusedRotation : torch::autograd::Function<FusedRotation> {
 };
 
 struct FusedSplitRotateQkv : torch::autograd::Function<FusedSplitRotateQkv> {
+  /// producer: the layer whose output qkv is, or null; it outlives the
+  /// backward, as a model's layers do (kept as a number in saved_data).
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qkv, const torch::Tensor& cos,
-                               const torch::Tensor& sin, std::int64_t heads, std::int64_t kv_heads) {
+                               const torch::Tensor& sin, std::int64_t heads, std::int64_t kv_heads,
+                               ddp::Float8LinearImpl* producer) {
     ctx->save_for_backward({cos, sin});
+    ctx->saved_data["producer"] = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(producer));
+    ctx->saved_data["sizes"] = qkv.sizes();
     auto [q, k, v] = kernels::split_rotate_qkv(qkv, cos, sin, heads, kv_heads);
     return {q, k, v};
   }
 
+  // qkv's gradient whole, or, where the producer's backward would cast it to
+  // FP8 itself, as that cast (ddp::float8::output_gradient_destination):
+  // then neither the bf16 gradient nor the cast's pass over it exists.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     check_not_differentiated_twice("split_rotate_qkv");
     const auto saved = ctx->get_saved_variables();
     // A part that reached no loss comes as zeros (the context materialises gradients).
-    return {kernels::merge_rotate_qkv(grad_outputs[0].contiguous(), grad_outputs[1].contiguous(),
-                                      grad_outputs[2].contiguous(), saved[0], saved[1]),
-            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const torch::Tensor grad_q = grad_outputs[0].contiguous(), grad_k = grad_outputs[1].contiguous(),
+                        grad_v = grad_outputs[2].contiguous();
+    torch::Tensor grad_qkv;
+    auto* producer =
+        reinterpret_cast<ddp::Float8LinearImpl*>(static_cast<std::intptr_t>(ctx->saved_data["producer"].toInt()));
+    const std::vector<std::int64_t> sizes = ctx->saved_data["sizes"].toIntVector();
+    std::optional<ddp::Float8Tensor> cast;
+    if (producer != nullptr) cast = ddp::float8::output_gradient_destination(*producer, sizes[0] * sizes[1], sizes[2]);
+    if (cast) {
+      kernels::merge_rotate_qkv_to_float8(grad_q, grad_k, grad_v, saved[0], saved[1], *cast);
+      grad_qkv = ddp::float8::output_gradient_written(*producer, *cast, sizes, grad_q.scalar_type());
+    } else {
+      grad_qkv = kernels::merge_rotate_qkv(grad_q, grad_k, grad_v, saved[0], saved[1]);
+    }
+    return {grad_qkv, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -154,11 +176,9 @@ torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, con
   return rotate_pairs_aten(x, cos, sin);
 }
 
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(const torch::Tensor& qkv,
-                                                                         const torch::Tensor& cos,
-                                                                         const torch::Tensor& sin, std::int64_t heads,
-                                                                         std::int64_t kv_heads,
-                                                                         [[maybe_unused]] bool fused) {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(
+    const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin, std::int64_t heads,
+    std::int64_t kv_heads, [[maybe_unused]] bool fused, [[maybe_unused]] ddp::Float8LinearImpl* producer) {
   TORCH_CHECK(qkv.dim() == 3 && heads > 0 && kv_heads > 0 && qkv.size(2) % (heads + 2 * kv_heads) == 0,
               "llama::ops::split_rotate_qkv: qkv [batch, seq, (heads + 2 kv_heads) * head_dim] expected, got ",
               qkv.sizes(), " for ", heads, " heads and ", kv_heads, " key/value heads");
@@ -172,7 +192,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(const t
     const torch::Tensor input = qkv.contiguous();
     // The kernel loads a pair at a time.
     if (reinterpret_cast<std::uintptr_t>(input.data_ptr()) % (2 * input.element_size()) == 0) {
-      const auto parts = FusedSplitRotateQkv::apply(input, cos, sin, heads, kv_heads);
+      const auto parts = FusedSplitRotateQkv::apply(input, cos, sin, heads, kv_heads, producer);
       return {parts[0], parts[1], parts[2]};
     }
   }

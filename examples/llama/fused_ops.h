@@ -41,11 +41,15 @@ torch::Tensor rotate_pairs(const torch::Tensor& x, const torch::Tensor& cos, con
 /// side): q [batch, seq, heads, head_dim] and k, v [batch, seq, kv_heads,
 /// head_dim], q and k rotated as rotate_pairs does. Fused: one kernel
 /// forward, and one backward that writes qkv's gradient whole, where the
-/// ATen ops' backward fills a zero tensor per slice and sums them.
+/// ATen ops' backward fills a zero tensor per slice and sums them; as the
+/// FP8 gradient of `producer`'s output where that layer (the one whose
+/// output qkv is, unchanged) runs FP8 with delayed scaling
+/// (ddp::float8::output_gradient_destination).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_rotate_qkv(const torch::Tensor& qkv,
                                                                          const torch::Tensor& cos,
                                                                          const torch::Tensor& sin, std::int64_t heads,
-                                                                         std::int64_t kv_heads, bool fused);
+                                                                         std::int64_t kv_heads, bool fused,
+                                                                         ddp::Float8LinearImpl* producer = nullptr);
 
 /// silu(gate) * up.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up, bool fused);

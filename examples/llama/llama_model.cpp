@@ -131,8 +131,8 @@ struct CheckpointedBlock : torch::autograd::Function<CheckpointedBlock> {
 // {x + delta, norm(x + delta)}: `fused`, one kernel where it applies
 // (ddp::add_rms_norm); else the add and then the norm. `writer`: the layer
 // whose output delta is, whose FP8 output gradient the fused backward then
-// writes; `reader`: the one layer that reads the norm
-// (RMSNormImpl::forward_into). Either may be null.
+// writes; `reader`: the one layer that reads the norm, with those sharing its
+// input cast (RMSNormImpl::forward_into). Either may be null.
 std::pair<torch::Tensor, torch::Tensor> add_and_norm(const torch::Tensor& x, const torch::Tensor& delta,
                                                      ddp::Float8LinearImpl* writer, RMSNormImpl& norm, bool fused,
                                                      ddp::Float8LinearImpl* reader) {
@@ -198,9 +198,9 @@ torch::Tensor RMSNormImpl::forward_into(const torch::Tensor& x, ddp::Float8Linea
 torch::Tensor Rotation::apply(const torch::Tensor& x) const { return ops::rotate_pairs(x, cos, sin, fused); }
 
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> Rotation::split_qkv(const torch::Tensor& qkv,
-                                                                            std::int64_t heads,
-                                                                            std::int64_t kv_heads) const {
-  return ops::split_rotate_qkv(qkv, cos, sin, heads, kv_heads, fused);
+                                                                            std::int64_t heads, std::int64_t kv_heads,
+                                                                            ddp::Float8LinearImpl* producer) const {
+  return ops::split_rotate_qkv(qkv, cos, sin, heads, kv_heads, fused, producer);
 }
 
 RotaryEmbedding::RotaryEmbedding(std::int64_t head_dim, std::int64_t max_seq_len, double theta) {
@@ -245,7 +245,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const Rotation& rot
   const std::int64_t seq = x.size(1);
   torch::Tensor q, k, v;
   if (wqkv) {
-    std::tie(q, k, v) = rotation.split_qkv(wqkv(x), n_heads, n_kv_heads);
+    std::tie(q, k, v) = rotation.split_qkv(wqkv(x), n_heads, n_kv_heads, wqkv.get());
   } else {
     q = rotation.apply(wq(x).view({batch, seq, n_heads, head_dim}));
     k = rotation.apply(wk(x).view({batch, seq, n_kv_heads, head_dim}));
@@ -282,7 +282,12 @@ FeedForwardImpl::FeedForwardImpl(std::int64_t dim, std::int64_t hidden, bool fus
 }
 
 torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return ops::swiglu_down(w1(x), w3(x), *w2, *w1, *w3, fused);
+  // In this order, not as two arguments of one call (whose order C++ leaves
+  // open): the first of a group sharing an input cast casts with its own
+  // scaling, and the fused norm writes the cast with w1's.
+  const torch::Tensor gate = w1(x);
+  const torch::Tensor up = w3(x);
+  return ops::swiglu_down(gate, up, *w2, *w1, *w3, fused);
 }
 
 TransformerBlockImpl::TransformerBlockImpl(const LlamaConfig& config)
@@ -303,10 +308,9 @@ std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_deferred(c
                                                                                const torch::Tensor& pending,
                                                                                ddp::Float8LinearImpl* pending_writer,
                                                                                const Rotation& rotation) {
-  // The attention's one projection (LlamaConfig::fused_qkv) alone reads its
-  // norm: in FP8 the norm writes that layer's input cast itself. SwiGLU's
-  // gate and up share theirs (float8::share_input_cast), which the norm
-  // cannot write, so the second norm returns its values.
+  // In FP8 each norm writes the input cast of what reads it: the attention's
+  // one projection (LlamaConfig::fused_qkv), and SwiGLU's gate and up, which
+  // share one cast (float8::share_input_cast).
   ddp::Float8LinearImpl* const qkv = attention->wqkv ? attention->wqkv.get() : nullptr;
   const auto [stream, normed] =
       pending.defined() ? add_and_norm(x, pending, pending_writer, *attention_norm, fused_residual_norm, qkv)
@@ -315,7 +319,7 @@ std::pair<torch::Tensor, torch::Tensor> TransformerBlockImpl::forward_deferred(c
   // return the dtype the linear layers compute in. Both norms' backward
   // writes the output gradient of the layer before (wo, the previous w2).
   const auto [h, ffn_input] = add_and_norm(stream, attention(normed, rotation), attention->wo.get(), *ffn_norm,
-                                           fused_residual_norm, /*reader=*/nullptr);
+                                           fused_residual_norm, feed_forward->w1.get());
   return {h, feed_forward(ffn_input)};
 }
 

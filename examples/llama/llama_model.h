@@ -98,9 +98,11 @@ struct Rotation {
   /// Meta's (interleaved) layout.
   torch::Tensor apply(const torch::Tensor& x) const;
   /// q, k and v of qkv [batch, seq, (heads + 2 kv_heads) * head_dim], q and
-  /// k rotated (ops::split_rotate_qkv).
+  /// k rotated (ops::split_rotate_qkv); `producer`, the layer whose output
+  /// qkv is, gets its output's gradient in FP8 where it runs so.
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> split_qkv(const torch::Tensor& qkv, std::int64_t heads,
-                                                                    std::int64_t kv_heads) const;
+                                                                    std::int64_t kv_heads,
+                                                                    ddp::Float8LinearImpl* producer = nullptr) const;
 
   torch::Tensor cos;
   torch::Tensor sin;

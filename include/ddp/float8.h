@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,10 +174,12 @@ DDP_API Report enable_float8(torch::nn::Module& model, const Float8Options& opti
 /// casts. Under delayed scaling only the casting layer's input history
 /// follows the tensor, so the same layer should run first in every forward
 /// (as in a model's fixed call order); then the results are those of
-/// separate casts. The cast is kept until every member has used it: a member
-/// that never runs (e.g. left out of FP8) keeps it alive until the group's
-/// next cast. Throws UsageError for layers of different input widths. A group
-/// lasts until reset() of a member.
+/// separate casts; a fused norm (float8::rms_norm) writes the cast with the
+/// scaling of the layer handed to it, whichever member runs first. The cast
+/// is kept until every member has used it: a member that never runs (e.g.
+/// left out of FP8) keeps it alive until the group's next cast. Throws
+/// UsageError for layers of different input widths. A group lasts until
+/// reset() of a member.
 DDP_API void share_input_cast(const std::vector<Float8LinearImpl*>& layers);
 
 /// Delayed scaling's once-per-iteration update: enters the amaxes that the
@@ -220,16 +223,20 @@ DDP_API at::Tensor swiglu_linear(const at::Tensor& gate_up, Float8LinearImpl& do
                                  const std::function<at::Tensor(const at::Tensor&)>& swiglu = nullptr);
 
 /// ddp::rms_norm(x, weight, options) for a norm whose output only `layer`
-/// reads (a pre-norm block's norm before its attention projection). Where
-/// `layer` runs in FP8 with delayed scaling, shares its input cast with no
-/// other layer, and the norm would run fused on a CUDA device (with rows and
-/// features multiples of 16, features up to the 7,000 or so whose FP8 rows a
-/// block's shared memory holds), the norm's kernel writes the layer's FP8
-/// input (data, transpose and amax) itself, as Transformer Engine's
-/// LayerNormLinear does, and returns, in place of the values, a tensor of the
-/// norm's shape and dtype that holds none: hand it to `layer`, and to nothing
-/// else (the layer throws UsageError for any other tensor while the cast
-/// waits). Backward is the fused norm's. Elsewhere exactly ddp::rms_norm.
+/// reads (a pre-norm block's norm before its attention projection), or only
+/// `layer` and the layers sharing its input cast (share_input_cast: SwiGLU's
+/// gate and up). Where they all run in FP8 with delayed scaling and the norm
+/// would run fused on a CUDA device (with rows and features multiples of 16,
+/// features up to the 7,000 or so whose FP8 rows a block's shared memory
+/// holds; with a shared cast, not under inference mode and only for layers
+/// held by module holders, as a model's are), the norm's kernel
+/// writes `layer`'s FP8 input (data, transpose and amax) itself, as
+/// Transformer Engine's LayerNormLinear and LayerNormMLP do, and returns, in
+/// place of the values, a tensor of the norm's shape and dtype that holds
+/// none: hand it to `layer` (and once to each layer sharing its cast, in any
+/// order), and to nothing else (the layer throws UsageError for any other
+/// tensor while the cast waits). Backward is the fused norm's. Elsewhere
+/// exactly ddp::rms_norm.
 DDP_API at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, Float8LinearImpl& layer,
                             const RMSNormOptions& options = {});
 
@@ -251,6 +258,35 @@ DDP_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, cons
 DDP_API std::pair<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta,
                                                        Float8LinearImpl* delta_layer, const at::Tensor& weight,
                                                        Float8LinearImpl* layer, const RMSNormOptions& options = {});
+
+/// For a kernel of one's own that computes the gradient of `layer`'s output
+/// (the backward of the one op that reads that output, unchanged, as LLaMA's
+/// q/k/v split and rotation after its one projection): where the layer's
+/// backward would cast that gradient to FP8 with delayed scaling (FP8 on,
+/// no bias, a forward run; the gradient [rows, cols] with rows a multiple of
+/// 16 and cols = out_features, a multiple of 16), the cast to write in its place,
+/// as swiglu_linear's and add_rms_norm's backward do: `data` [rows, cols] in
+/// the gradient's FP8 dtype (E5M2), to hold round(g * scale) saturated to
+/// the format's largest finite value, where g is each gradient value as the
+/// kernel would have stored it (in bf16, say) and `scale` the 0-dim fp32
+/// scale on the device; `amax`, 0-dim fp32, to max-accumulate |g| into (an
+/// atomicMax on the bits of non-negative floats does). nullopt elsewhere:
+/// write the gradient in values. After the kernel, hand autograd what
+/// output_gradient_written() returns.
+DDP_API std::optional<Float8Tensor> output_gradient_destination(Float8LinearImpl& layer, std::int64_t rows,
+                                                                std::int64_t cols);
+
+/// After a kernel wrote `cast.data` and its amax (output_gradient_destination
+/// gave `cast` for `layer`, and nothing cast that layer's output gradient
+/// since): completes the cast (its transpose and inverse scale, on the
+/// current stream) and returns the tensor to hand autograd as the gradient
+/// of the layer's output, of `sizes` (the output's shape: [..., cols] with
+/// rows elements before the last) and `dtype`, holding no values: a hook on
+/// that output sees no gradient values. Only the layer's backward takes it;
+/// given any other tensor, the layer throws UsageError. UsageError for a
+/// cast given for another layer or a shape that does not match it.
+DDP_API at::Tensor output_gradient_written(Float8LinearImpl& layer, const Float8Tensor& cast, at::IntArrayRef sizes,
+                                           c10::ScalarType dtype);
 
 }  // namespace float8
 }  // namespace ddp

@@ -13,9 +13,37 @@
 namespace ddp {
 namespace detail {
 
-Float8Tensor SharedInputCast::cast(const void* member, const at::Tensor& input, const at::Tensor& rows,
-                                   TensorScaling& scaling, bool with_transposed) {
-  if (input.is_inference()) return scaling.cast(rows, with_transposed);
+SharedInputCast::SharedInputCast(const std::vector<Float8LinearImpl*>& layers) : members_(layers.size()) {
+  for (Float8LinearImpl* layer : layers) layers_.push_back(layer->weak_from_this());
+}
+
+std::vector<std::shared_ptr<Float8LinearImpl>> SharedInputCast::layers() const {
+  std::vector<std::shared_ptr<Float8LinearImpl>> alive;
+  for (const auto& layer : layers_) {
+    // A layer not held by a shared_ptr (no module holder) cannot be told apart
+    // from a gone one: neither counts.
+    std::shared_ptr<Float8LinearImpl> member = std::dynamic_pointer_cast<Float8LinearImpl>(layer.lock());
+    if (!member || Float8LinearAccess::shared_input(*member).get() != this) return {};
+    alive.push_back(std::move(member));
+  }
+  return alive;
+}
+
+void SharedInputCast::expect(const at::Tensor& placeholder, const Float8Tensor& cast, const void* taker) {
+  if (members_ < 2) return;  // the taker is the group: nobody else looks
+  cached_ = cast;
+  placeholder_ = c10::weak_intrusive_ptr<c10::TensorImpl>(placeholder.getIntrusivePtr());
+  source_ = placeholder_;
+  source_version_ = static_cast<std::int64_t>(placeholder._version());
+  users_.assign({taker});
+}
+
+Float8Tensor SharedInputCast::cast(const void* member, const at::Tensor& input, TensorScaling& scaling,
+                                   bool with_transposed) {
+  // Made on a miss only: a placeholder's rows (zero strides) would be copied
+  // out whole by contiguous().
+  const auto rows = [&] { return input.reshape({-1, input.size(-1)}).contiguous(); };
+  if (input.is_inference()) return scaling.cast(rows(), with_transposed);
   const bool cached = source_ && source_->lock().get() == input.unsafeGetTensorImpl() &&
                       source_version_ == static_cast<std::int64_t>(input._version()) &&
                       std::find(users_.begin(), users_.end(), member) == users_.end() &&
@@ -30,7 +58,13 @@ Float8Tensor SharedInputCast::cast(const void* member, const at::Tensor& input, 
     }
     return result;
   }
-  Float8Tensor result = scaling.cast(rows, with_transposed);
+  if (placeholder_ && placeholder_->lock().get() == input.unsafeGetTensorImpl()) {
+    throw UsageError(
+        "Float8Linear: this input is the output of a fused norm that wrote its FP8 cast for the layers sharing "
+        "their input cast, and holds no values; this layer has taken that cast already (or it was dropped): hand "
+        "each layer of the group the norm's output once per forward");
+  }
+  Float8Tensor result = scaling.cast(rows(), with_transposed);
   users_.assign({member});
   if (members_ > 1) {
     cached_ = result;
@@ -55,7 +89,7 @@ void share_input_cast(const std::vector<Float8LinearImpl*>& layers) {
                        "tensor can share its cast");
     }
   }
-  const auto shared = std::make_shared<detail::SharedInputCast>(layers.size());
+  const auto shared = std::make_shared<detail::SharedInputCast>(layers);
   for (Float8LinearImpl* layer : layers) detail::Float8LinearAccess::shared_input(*layer) = shared;
 }
 

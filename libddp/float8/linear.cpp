@@ -67,9 +67,8 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& a_inverse_scale, con
 Float8Tensor cast_input(const at::Tensor& input, Float8LinearState* state, SharedInputCast* shared_input,
                         bool with_transposed) {
   if (std::optional<Float8Tensor> offered = state->input.take_offered(input, "input")) return *std::move(offered);
-  const at::Tensor rows = input.reshape({-1, input.size(-1)}).contiguous();
-  return shared_input != nullptr ? shared_input->cast(state, input, rows, state->input, with_transposed)
-                                 : state->input.cast(rows, with_transposed);
+  if (shared_input != nullptr) return shared_input->cast(state, input, state->input, with_transposed);
+  return state->input.cast(input.reshape({-1, input.size(-1)}).contiguous(), with_transposed);
 }
 
 /// dY [..., N] as the matrix [M, N]: data row-major is the first operand of
@@ -348,7 +347,9 @@ TensorScaling* Float8LinearAccess::fusable_input_scaling(Float8LinearImpl& layer
 
 TensorScaling* Float8LinearAccess::fusable_grad_output_scaling(Float8LinearImpl& layer) {
   Float8LinearState* layer_state = state(layer);
-  return layer_state != nullptr && layer_state->grad_output.delayed() && !layer.bias.defined()
+  // FP8 on, not just state: a layer with FP8 off can hold state (loaded
+  // from an FP8 checkpoint) and would hand the placeholder to its bf16 matmul.
+  return layer_state != nullptr && layer.float8_enabled() && layer_state->grad_output.delayed() && !layer.bias.defined()
              ? &layer_state->grad_output
              : nullptr;
 }

@@ -63,7 +63,7 @@ struct Float8LinearAccess {
   /// layer's FP8 state where its first forward has not yet.
   static TensorScaling* fusable_input_scaling(Float8LinearImpl& layer, const c10::Device& device);
   /// The scaling of the gradient of `layer`'s output, likewise: null unless
-  /// the layer runs in FP8 with delayed scaling, has run a forward, and has
+  /// the layer runs in FP8 with delayed scaling (FP8 on), has run a forward, and has
   /// no bias (the bias's add would hand the placeholder of an offered
   /// gradient to the bias gradient's sum as well as to the layer). The
   /// pointer is the layer's: copy it (copies share the state) to keep it for

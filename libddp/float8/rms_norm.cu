@@ -56,6 +56,22 @@ constexpr int kUnroll = 2;  // packs a lane loads before it uses the first, to k
 // two packs in flight per lane keep 48 KiB of loads in flight per SM.
 constexpr int kBlocksPerSm = 2;
 
+/// A thread's largest |value| as float bits (abs_bits), maxed over the block
+/// of kWarps warps and max-accumulated into *amax by one atomic. Every
+/// thread of the block calls it. Its warp_amax is the kernels' only static
+/// shared memory (dynamic_shared_limit counts it).
+__device__ __forceinline__ void accumulate_block_amax(int max_bits, float* amax) {
+  __shared__ int warp_amax[kWarps];
+  max_bits = warp_max(max_bits);
+  if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = max_bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int bits = warp_amax[0];
+    for (int w = 1; w < kWarps; ++w) bits = max(bits, warp_amax[w]);
+    atomicMax(reinterpret_cast<int*>(amax), bits);
+  }
+}
+
 /// Words from one row of the shared strip to the next: the row's cols / 4
 /// words, padded to 2 more than a multiple of 8. Even, for the 8-byte
 /// writes; and the transposing reads (8 rows 4 apart x 4 words per warp)
@@ -188,15 +204,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) rms_norm_to_float8_ker
     }
   }
 
-  __shared__ int warp_amax[kWarps];
-  max_bits = warp_max(max_bits);
-  if (lane == 0) warp_amax[warp] = max_bits;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int bits = warp_amax[0];
-    for (int w = 1; w < kWarps; ++w) bits = max(bits, warp_amax[w]);
-    atomicMax(reinterpret_cast<int*>(args.amax), bits);
-  }
+  accumulate_block_amax(max_bits, args.amax);
 }
 
 /// The delta's gradient as FP8 (backward_kernel.cuh's writer): each value
@@ -235,18 +243,9 @@ struct DeltaAsFloat8 {
       for (int k = 0; k < N; ++k) out[k] = __nv_cvt_float_to_fp8(y[k], __NV_SATFINITE, kFormat);
     }
   }
-  __device__ __forceinline__ void finish() {
-    __shared__ int warp_amax[rms_norm_kernels::kThreads / 32];
-    const int bits = warp_max(max_bits);
-    if (threadIdx.x % 32 == 0) warp_amax[threadIdx.x / 32] = bits;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int block_bits = warp_amax[0];
-      for (int w = 1; w < static_cast<int>(blockDim.x / 32); ++w) block_bits = max(block_bits, warp_amax[w]);
-      atomicMax(reinterpret_cast<int*>(amax), block_bits);
-    }
-  }
+  __device__ __forceinline__ void finish() { accumulate_block_amax(max_bits, amax); }
 };
+static_assert(rms_norm_kernels::kThreads == kThreads, "accumulate_block_amax counts the backward's warps as kWarps");
 
 /// The dynamic shared memory of a block: the strip of FP8 rows.
 int64_t shared_bytes(int64_t cols) {
@@ -254,7 +253,8 @@ int64_t shared_bytes(int64_t cols) {
 }
 
 /// The dynamic shared memory a block on `device` may have: the opt-in less
-/// the kernel's static warp_amax (the attribute refuses more). The kernels
+/// the kernel's static warp_amax (accumulate_block_amax's; the attribute
+/// refuses more). The kernels
 /// are allowed all of it, so that no launch shrinks what another relies on.
 int dynamic_shared_limit(int device) {
   int bytes = 0;

@@ -1,7 +1,8 @@
 // float8::rms_norm and float8::add_rms_norm: the norm of a pre-norm block
 // writing the FP8 cast of the one layer that reads its output (the offer of
-// TensorScaling, as swiglu_linear's forward does for `down`), so that the
-// norm's bf16 output and the cast's second pass over it do not exist.
+// TensorScaling, as swiglu_linear's forward does for `down`), or of the
+// layers that share that layer's input cast (SwiGLU's gate and up), so that
+// the norm's bf16 output and the cast's second pass over it do not exist.
 // Backward reads the norm's input and the gradient the layer returns, never
 // the output; add_rms_norm's backward also writes the gradient of delta as
 // the FP8 output gradient of the layer that computed delta, as swiglu_linear's
@@ -9,18 +10,22 @@
 
 #include <ddp/float8.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
-#include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <ddp/precision.h>
 #include <ddp/rms_norm.h>
 
 #include "cuda/alignment.h"
+#include "float8/input_sharing.h"
 #include "float8/kernels.h"
 #include "float8/linear_state.h"
 #include "rmsnorm/autograd.h"
@@ -41,12 +46,13 @@ at::Tensor aligned_fp32_weight(const at::Tensor& weight) {
   return aligned(weight32.data_ptr(), 16) ? weight32 : weight32.clone();
 }
 
-/// The norm of x (+ delta) written as `input_scaling`'s cast, offered to its
-/// layer; with delta, also the sum x + delta. Saves for backward what
-/// ddp::rms_norm's fused path saves.
+/// The norm of x (+ delta) written as the cast of `reader`'s input, offered to
+/// it (and to the layers sharing its input cast); with delta, also the sum
+/// x + delta. Saves for backward what ddp::rms_norm's fused path saves.
 variable_list norm_to_float8_forward(AutogradContext* context, const at::Tensor& x, const at::Tensor& delta,
                                      const at::Tensor& weight, double eps, c10::ScalarType out_dtype,
-                                     TensorScaling* input_scaling) {
+                                     Float8LinearImpl* reader) {
+  TensorScaling* const input_scaling = Float8LinearAccess::fusable_input_scaling(*reader, x.device());
   const int64_t cols = x.size(-1);
   const at::Tensor rows = x.contiguous().view({-1, cols});
   const at::Tensor weight32 = aligned_fp32_weight(weight);
@@ -62,14 +68,17 @@ variable_list norm_to_float8_forward(AutogradContext* context, const at::Tensor&
   save_rms_norm_for_backward(context, residual ? sum : rows.view(x.sizes()), weight32, rstd, weight.scalar_type(),
                              out_dtype);
   const at::Tensor placeholder = input_scaling->offer(y, x.sizes(), out_dtype);
+  if (SharedInputCast* group = Float8LinearAccess::shared_input(*reader).get()) {
+    group->expect(placeholder, y, Float8LinearAccess::state(*reader));
+  }
   if (!residual) return {placeholder};
   return {sum, placeholder};
 }
 
 struct RmsNormToFloat8Function : torch::autograd::Function<RmsNormToFloat8Function> {
   static at::Tensor forward(AutogradContext* context, const at::Tensor& x, const at::Tensor& weight, double eps,
-                            c10::ScalarType out_dtype, TensorScaling* input_scaling) {
-    return norm_to_float8_forward(context, x, at::Tensor(), weight, eps, out_dtype, input_scaling)[0];
+                            c10::ScalarType out_dtype, Float8LinearImpl* reader) {
+    return norm_to_float8_forward(context, x, at::Tensor(), weight, eps, out_dtype, reader)[0];
   }
   static variable_list backward(AutogradContext* context, variable_list grad_outputs) {
     variable_list grads = rms_norm_gradients(context, grad_outputs);  // x, weight
@@ -78,18 +87,16 @@ struct RmsNormToFloat8Function : torch::autograd::Function<RmsNormToFloat8Functi
   }
 };
 
-/// float8::add_rms_norm: forward writes the norm as `input_scaling`'s cast
+/// float8::add_rms_norm: forward writes the norm as `reader`'s input cast
 /// (null: in out_dtype, as ddp::add_rms_norm), backward the gradient of delta
 /// as `delta_grad_scaling`'s (null: in out_dtype).
 struct AddRmsNormFloat8Function : torch::autograd::Function<AddRmsNormFloat8Function> {
   static variable_list forward(AutogradContext* context, const at::Tensor& x, const at::Tensor& delta,
                                const at::Tensor& weight, double eps, c10::ScalarType out_dtype,
-                               TensorScaling* input_scaling, TensorScaling* delta_grad_scaling) {
+                               Float8LinearImpl* reader, TensorScaling* delta_grad_scaling) {
     context->saved_data["delta_grad_fused"] = delta_grad_scaling != nullptr;
     if (delta_grad_scaling != nullptr) delta_grad_scaling->save_to(context, "delta_grad.");
-    if (input_scaling != nullptr) {
-      return norm_to_float8_forward(context, x, delta, weight, eps, out_dtype, input_scaling);
-    }
+    if (reader != nullptr) return norm_to_float8_forward(context, x, delta, weight, eps, out_dtype, reader);
     return add_rms_norm_forward_saved(context, x, delta, aligned_fp32_weight(weight), weight.scalar_type(), eps,
                                       out_dtype);
   }
@@ -118,22 +125,37 @@ struct AddRmsNormFloat8Function : torch::autograd::Function<AddRmsNormFloat8Func
   }
 };
 
-/// `layer`'s input scaling where the norm of x can write the layer's cast,
-/// with the dtype the norm returns; null elsewhere (the unfused norm runs).
-std::pair<TensorScaling*, c10::ScalarType> fusable(const at::Tensor& x, const at::Tensor& delta,
-                                                   const at::Tensor& weight, Float8LinearImpl& layer,
-                                                   const RMSNormOptions& options) {
+/// Whether every layer that reads `layer`'s input through a shared cast
+/// (float8::share_input_cast; none: true) would take the norm's cast on
+/// `device`: each runs FP8 with delayed scaling, so that it casts through
+/// the group and finds the cast there. One that ran in bf16 would read the
+/// placeholder's values, which it does not hold. Under inference mode the
+/// group casts every input anew (inference tensors have no version), so it
+/// is never fused there.
+bool group_takes_the_cast(Float8LinearImpl& layer, const c10::Device& device) {
+  SharedInputCast* group = Float8LinearAccess::shared_input(layer).get();
+  if (group == nullptr) return true;
+  if (c10::InferenceMode::is_enabled()) return false;
+  const std::vector<std::shared_ptr<Float8LinearImpl>> members = group->layers();
+  return !members.empty() && std::all_of(members.begin(), members.end(), [&](const auto& member) {
+    return Float8LinearAccess::fusable_input_scaling(*member, device) != nullptr;
+  });
+}
+
+/// The dtype the norm returns where the norm of x can write `layer`'s input
+/// cast; nullopt elsewhere (the unfused norm runs).
+std::optional<c10::ScalarType> fusable(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                       Float8LinearImpl& layer, const RMSNormOptions& options) {
   const std::optional<c10::ScalarType> out_dtype = fused_rms_norm_dtype(x, weight, options);
-  // A layer sharing its input cast with others (float8::share_input_cast)
-  // would hand them the placeholder, which holds no values: not fused.
   // The layer must take the cast: a width it refuses would leave it waiting.
-  if (!out_dtype || Float8LinearAccess::shared_input(layer) != nullptr || x.size(-1) != layer.options.in_features() ||
+  if (!out_dtype || x.size(-1) != layer.options.in_features() ||
       (delta.defined() &&
        (delta.sizes() != x.sizes() || delta.scalar_type() != *out_dtype || delta.device() != x.device())) ||
-      !rms_norm_to_float8_takes(x, delta)) {
-    return {nullptr, at::kFloat};
+      !rms_norm_to_float8_takes(x, delta) || Float8LinearAccess::fusable_input_scaling(layer, x.device()) == nullptr ||
+      !group_takes_the_cast(layer, x.device())) {
+    return std::nullopt;
   }
-  return {Float8LinearAccess::fusable_input_scaling(layer, x.device()), *out_dtype};
+  return out_dtype;
 }
 
 /// The dtype of delta's gradient where backward can write it as the FP8
@@ -158,9 +180,14 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_add_rms_norm(const at::Te
                                                                     Float8LinearImpl* delta_layer,
                                                                     const at::Tensor& weight, Float8LinearImpl* layer,
                                                                     const RMSNormOptions& options) {
-  TensorScaling* input_scaling = nullptr;
+  Float8LinearImpl* reader = nullptr;
   c10::ScalarType out_dtype = at::kFloat;
-  if (layer != nullptr) std::tie(input_scaling, out_dtype) = fusable(x, delta, weight, *layer, options);
+  if (layer != nullptr) {
+    if (const auto dtype = fusable(x, delta, weight, *layer, options)) {
+      reader = layer;
+      out_dtype = *dtype;
+    }
+  }
   TensorScaling* delta_grad_scaling = nullptr;
   if (delta_layer != nullptr) {
     if (const auto dtype = fused_delta_gradient_dtype(x, delta, weight, *delta_layer, options)) {
@@ -168,9 +195,9 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_add_rms_norm(const at::Te
       out_dtype = *dtype;
     }
   }
-  if (input_scaling == nullptr && delta_grad_scaling == nullptr) return std::nullopt;
+  if (reader == nullptr && delta_grad_scaling == nullptr) return std::nullopt;
   const auto outputs =
-      AddRmsNormFloat8Function::apply(x, delta, weight, options.eps(), out_dtype, input_scaling, delta_grad_scaling);
+      AddRmsNormFloat8Function::apply(x, delta, weight, options.eps(), out_dtype, reader, delta_grad_scaling);
   return std::make_pair(outputs[0], outputs[1]);
 }
 #endif
@@ -181,8 +208,8 @@ std::optional<std::pair<at::Tensor, at::Tensor>> fused_add_rms_norm(const at::Te
 at::Tensor float8::rms_norm(const at::Tensor& x, const at::Tensor& weight, [[maybe_unused]] Float8LinearImpl& layer,
                             const RMSNormOptions& options) {
 #ifdef DDP_WITH_CUDA_KERNELS
-  if (const auto [scaling, out_dtype] = detail::fusable(x, at::Tensor(), weight, layer, options); scaling != nullptr) {
-    return detail::RmsNormToFloat8Function::apply(x, weight, options.eps(), out_dtype, scaling);
+  if (const auto out_dtype = detail::fusable(x, at::Tensor(), weight, layer, options)) {
+    return detail::RmsNormToFloat8Function::apply(x, weight, options.eps(), *out_dtype, &layer);
   }
 #endif
   return ddp::rms_norm(x, weight, options);

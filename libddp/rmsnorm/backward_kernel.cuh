@@ -54,18 +54,18 @@ __device__ __forceinline__ void accumulate_pack(const Pack<In, N>& xp, const Pac
   }
 }
 
-// One pack of the second pass: writes grad_x (plus grad_sum's pack) and,
-// kResidual, hands the same values to the delta's writer.
+// One pack of the second pass: writes grad_x (plus grad_sum's pack `gs`,
+// where there is a grad_sum) and, kResidual, hands the same values to the
+// delta's writer.
 template <typename In, typename Out, int N, bool kResidual, typename DeltaWriter>
 __device__ __forceinline__ void write_gradient_pack(const Pack<In, N>& xp, const Pack<Out, N>& gp,
                                                     const Pack<float, N>& wp, float r, float mean_dot,
-                                                    const In* grad_sum, In* grad_x, DeltaWriter& delta,
-                                                    int64_t row_offset, int64_t i) {
+                                                    bool with_grad_sum, const Pack<In, N>& gs, In* grad_x,
+                                                    DeltaWriter& delta, int64_t row_offset, int64_t i) {
   Pack<float, N> grad;
 #pragma unroll
   for (int k = 0; k < N; ++k) grad.v[k] = r * (to_float(gp.v[k]) * wp.v[k] - to_float(xp.v[k]) * r * mean_dot);
-  if (kResidual && grad_sum != nullptr) {
-    const Pack<In, N> gs = reinterpret_cast<const Pack<In, N>*>(grad_sum)[i];
+  if (kResidual && with_grad_sum) {
 #pragma unroll
     for (int k = 0; k < N; ++k) grad.v[k] += to_float(gs.v[k]);
   }
@@ -100,11 +100,12 @@ struct DeltaInItsDtype {
 // `weight_partials` finishes it.
 //   grad_x = rstd * (g * w - xhat * mean(g * w * xhat)),  xhat = x * rstd
 //   grad_w = sum over rows of g * xhat
-// A thread keeps its first P packs of the row (x, g) in registers between
-// the two passes, and their weights and weight-gradient sums across the
-// rows, so that each element crosses memory once; packs past P * blockDim.x
-// (rows longer than the dispatch planned for) are read again and their sums
-// kept in weight_partials.
+// A thread keeps its first P packs of the row (x, g, and grad_sum's, loaded
+// with them so that the row waits for memory once, not again after the
+// block's sum) in registers between the two passes, and their weights and
+// weight-gradient sums across the rows, so that each element crosses memory
+// once; packs past P * blockDim.x (rows longer than the dispatch planned
+// for) are read again and their sums kept in weight_partials.
 // kResidual: x was the sum of the residual stream and a delta; grad_x adds
 // the gradient `grad_sum` the sum got from its other reader (null: none),
 // and `delta_writer` writes the same values as the delta's gradient.
@@ -132,8 +133,10 @@ __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const I
     const float r = rstd[row];
     const auto* xr = reinterpret_cast<const Pack<In, N>*>(x + row * cols);
     const auto* gr = reinterpret_cast<const Pack<Out, N>*>(grad_y + row * cols);
-    const In* grad_sum_row = kResidual && grad_sum != nullptr ? grad_sum + row * cols : nullptr;
-    Pack<In, N> cached_x[P];
+    const bool with_grad_sum = kResidual && grad_sum != nullptr;
+    // Read only with_grad_sum; x's row stands in for a null grad_sum.
+    const auto* grad_sum_row = reinterpret_cast<const Pack<In, N>*>(with_grad_sum ? grad_sum + row * cols : x);
+    Pack<In, N> cached_x[P], cached_s[P];
     Pack<Out, N> cached_g[P];
     float dot = 0;
 #pragma unroll
@@ -142,6 +145,7 @@ __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const I
       if (i < packs) {
         cached_x[p] = xr[i];
         cached_g[p] = gr[i];
+        if (with_grad_sum) cached_s[p] = grad_sum_row[i];
         accumulate_pack(cached_x[p], cached_g[p], cached_weight[p], r, dot, cached_grad[p]);
       }
     }
@@ -156,11 +160,13 @@ __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const I
       const int64_t i = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
       if (i < packs) {
         write_gradient_pack<In, Out, N, kResidual>(cached_x[p], cached_g[p], cached_weight[p], r, mean_dot,
-                                                   grad_sum_row, grad_x + row * cols, delta, row * cols, i);
+                                                   with_grad_sum, cached_s[p], grad_x + row * cols, delta, row * cols,
+                                                   i);
       }
     }
     for (int64_t i = cached_packs + threadIdx.x; i < packs; i += blockDim.x) {
-      write_gradient_pack<In, Out, N, kResidual>(xr[i], gr[i], w[i], r, mean_dot, grad_sum_row, grad_x + row * cols,
+      write_gradient_pack<In, Out, N, kResidual>(xr[i], gr[i], w[i], r, mean_dot, with_grad_sum,
+                                                 with_grad_sum ? grad_sum_row[i] : Pack<In, N>{}, grad_x + row * cols,
                                                  delta, row * cols, i);
     }
   }
@@ -172,9 +178,16 @@ __global__ void rms_norm_backward_kernel(const Out* __restrict__ grad_y, const I
   delta.finish();
 }
 
-/// Blocks of kThreads that fill the current GPU once (2048 threads per SM).
-inline int64_t resident_blocks() {
-  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount * (2048 / kThreads);
+/// Blocks of kThreads of `kernel` that fill the current GPU once. Asked,
+/// not assumed from 2048 threads per SM: the kernels that keep a row in
+/// registers fit 3 or 4 blocks of 256 threads on an SM, not 8, and more
+/// blocks than fit only run as a second wave and add rows of
+/// weight_partials for the sum after the kernel.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  int per_sm = 0;
+  DDP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
+  return static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * std::max(per_sm, 1);
 }
 
 /// Runs the kernel on x [rows, cols] (rows > 0; the caller checked shapes,
@@ -190,14 +203,14 @@ at::Tensor launch_rms_norm_backward(const char* what, const at::Tensor& grad_y, 
   const int64_t cols = x.size(-1), rows = x.numel() / cols;
   const c10::cuda::CUDAGuard device_guard(x.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const unsigned blocks = static_cast<unsigned>(std::min(rows, resident_blocks()));
-  at::Tensor weight_partials = at::empty({blocks, cols}, weight.options());
   const auto fits_packs = [](const at::Tensor& t) {
     return !t.defined() || aligned(t.data_ptr(), 4 * t.element_size());
   };
+  // weight_partials is allocated below: a new allocation is aligned, and its
+  // rows of cols % 4 == 0 floats are 16-byte multiples.
   const bool vectorized = cols % 4 == 0 && fits_packs(x) && fits_packs(grad_y) && fits_packs(grad_x) &&
-                          fits_packs(grad_sum) && delta_packs_fit && aligned(weight.data_ptr(), 16) &&
-                          aligned(weight_partials.data_ptr(), 16);
+                          fits_packs(grad_sum) && delta_packs_fit && aligned(weight.data_ptr(), 16);
+  at::Tensor weight_partials;
   with_cuda_types(x.scalar_type(), grad_y.scalar_type(), what, [&](auto* in_type, auto* out_type) {
     using In = std::remove_pointer_t<decltype(in_type)>;
     using Out = std::remove_pointer_t<decltype(out_type)>;
@@ -231,6 +244,8 @@ at::Tensor launch_rms_norm_backward(const char* what, const at::Tensor& grad_y, 
         return with_width(std::true_type{});
       }
     }();
+    const auto blocks = static_cast<unsigned>(std::min(rows, resident_blocks(launch)));
+    weight_partials = at::empty({static_cast<int64_t>(blocks), cols}, weight.options());
     launch<<<blocks, kThreads, 0, stream>>>(static_cast<const Out*>(grad_y.data_ptr()),
                                             grad_sum.defined() ? static_cast<const In*>(grad_sum.data_ptr()) : nullptr,
                                             static_cast<const In*>(x.data_ptr()), weight.data_ptr<float>(),

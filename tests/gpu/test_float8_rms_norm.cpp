@@ -118,12 +118,16 @@ TEST(Float8RmsNormFallback, RunsTheUnfusedNormWhereTheLayerCannotTakeTheCast) {
   torch::manual_seed(22);
   const auto on_gpu = torch::TensorOptions().device(kGpu).dtype(torch::kBFloat16);
   ddp::Float8Linear current(torch::nn::LinearOptions(64, 32), ddp::Float8Options());
+  // A group one of whose layers runs bf16: that layer would read the placeholder's values.
   ddp::Float8Linear shared_a(torch::nn::LinearOptions(64, 32), delayed());
   ddp::Float8Linear shared_b(torch::nn::LinearOptions(64, 32), delayed());
   ddp::float8::share_input_cast({shared_a.get(), shared_b.get()});
+  shared_b->set_float8_enabled(false);
   ddp::Float8Linear delayed_layer(torch::nn::LinearOptions(64, 32), delayed());
   ddp::Float8Linear narrower(torch::nn::LinearOptions(32, 32), delayed());
-  for (auto* layer : {current.get(), shared_a.get(), delayed_layer.get(), narrower.get()}) layer->to(kGpu);
+  for (auto* layer : {current.get(), shared_a.get(), shared_b.get(), delayed_layer.get(), narrower.get()}) {
+    layer->to(kGpu);
+  }
   const auto weight = torch::rand({64}, on_gpu.dtype(torch::kFloat));
   const auto x = torch::randn({32, 64}, on_gpu);
   const auto rows24 = x.narrow(0, 0, 24);
@@ -134,7 +138,8 @@ TEST(Float8RmsNormFallback, RunsTheUnfusedNormWhereTheLayerCannotTakeTheCast) {
   };
   const Fallback fallbacks[] = {
       {"current scaling", ddp::float8::rms_norm(x, weight, *current), ddp::rms_norm(x, weight)},
-      {"a layer sharing its input cast", ddp::float8::rms_norm(x, weight, *shared_a), ddp::rms_norm(x, weight)},
+      {"a layer sharing its input cast with a bf16 layer", ddp::float8::rms_norm(x, weight, *shared_a),
+       ddp::rms_norm(x, weight)},
       {"rows not a multiple of 16", ddp::float8::rms_norm(rows24, weight, *delayed_layer),
        ddp::rms_norm(rows24, weight)},
       {"fused(false)", ddp::float8::rms_norm(x, weight, *delayed_layer, unfused), ddp::rms_norm(x, weight, unfused)},
@@ -144,6 +149,96 @@ TEST(Float8RmsNormFallback, RunsTheUnfusedNormWhereTheLayerCannotTakeTheCast) {
     ASSERT_NE(fallback.normed.stride(0), 0) << fallback.why << ": the norm must return its values";
     EXPECT_TRUE(torch::equal(fallback.normed, fallback.expected)) << fallback.why;
   }
+}
+
+/// A norm read by two layers that share one input cast (SwiGLU's gate and
+/// up): the norm writes the cast for the first layer it is given, and both
+/// layers take it, whichever runs first; forward and every gradient as the
+/// unfused norm's, whose output the group casts itself, over three steps.
+TEST(Float8RmsNormSharedCast, EveryLayerOfTheGroupTakesTheNormsCastInEitherOrder) {
+  const std::int64_t cols = 256, hidden = 96;
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  for (const bool gate_first : {true, false}) {
+    torch::manual_seed(24);
+    const std::string order = gate_first ? "gate first" : "up first";
+    ddp::Float8Linear gate[2]{nullptr, nullptr}, up[2]{nullptr, nullptr};  // [0]: unfused norm, [1]: fused
+    for (int fusing = 0; fusing < 2; ++fusing) {
+      gate[fusing] = ddp::Float8Linear(torch::nn::LinearOptions(cols, hidden).bias(false), delayed());
+      up[fusing] = ddp::Float8Linear(torch::nn::LinearOptions(cols, hidden).bias(false), delayed());
+      gate[fusing]->to(kGpu);
+      up[fusing]->to(kGpu);
+      ddp::float8::share_input_cast({gate[fusing].get(), up[fusing].get()});
+    }
+    {
+      torch::NoGradGuard no_grad;
+      gate[1]->weight.copy_(gate[0]->weight);
+      up[1]->weight.copy_(up[0]->weight);
+    }
+    const auto norm_weight = torch::rand({cols}, on_gpu) + 0.5;
+    for (int step = 0; step < 3; ++step) {
+      const std::string at = order + ", step " + std::to_string(step);
+      const std::vector<std::int64_t> sizes{2, 32, cols};
+      const auto x = torch::randn(sizes, on_gpu.dtype(torch::kBFloat16)) * (step + 1);
+      const auto delta = torch::randn(sizes, on_gpu.dtype(torch::kBFloat16));
+      const auto grad_gate = torch::randn({2, 32, hidden}, on_gpu) * 1e-2;
+      const auto grad_up = torch::randn({2, 32, hidden}, on_gpu) * 1e-2;
+      std::vector<torch::Tensor> leaves[2], outputs[2];
+      for (const int fusing : {0, 1}) {
+        auto& leaf = leaves[fusing];
+        leaf = {x.clone().requires_grad_(), delta.clone().requires_grad_(), norm_weight.clone().requires_grad_()};
+        const auto [h, normed] = fusing ? ddp::float8::add_rms_norm(leaf[0], leaf[1], leaf[2], *gate[fusing])
+                                        : ddp::add_rms_norm(leaf[0], leaf[1], leaf[2]);
+        if (fusing) {
+          ASSERT_EQ(normed.stride(0), 0) << at << ": the fused path did not run (the output holds values)";
+        }
+        torch::Tensor gate_out, up_out;
+        if (gate_first) {
+          gate_out = gate[fusing](normed);
+          up_out = up[fusing](normed);
+        } else {
+          up_out = up[fusing](normed);
+          gate_out = gate[fusing](normed);
+        }
+        outputs[fusing] = {gate_out.detach(), up_out.detach()};
+        ((gate_out.to(torch::kFloat) * grad_gate).sum() + (up_out.to(torch::kFloat) * grad_up).sum() +
+         h.to(torch::kFloat).sum() * 1e-3)
+            .backward();
+      }
+      // The unfused group casts with the scaling of the layer that runs
+      // first, the fused norm with the gate's: the same scale at step 0, and
+      // after it scales from the same amaxes (the norm's output's).
+      for (int i = 0; i < 2; ++i) {
+        EXPECT_LT(relative_error(outputs[1][i], outputs[0][i]), 1e-2) << at << ": output of " << (i ? "up" : "gate");
+      }
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_LT(relative_error(leaves[1][i].grad(), leaves[0][i].grad()), 2e-2) << at << ": gradient " << i;
+      }
+      EXPECT_LT(relative_error(gate[1]->weight.grad(), gate[0]->weight.grad()), 2e-2) << at << ": gate's weight";
+      EXPECT_LT(relative_error(up[1]->weight.grad(), up[0]->weight.grad()), 2e-2) << at << ": up's weight";
+      for (int fusing = 0; fusing < 2; ++fusing) {
+        gate[fusing]->weight.mutable_grad().reset();
+        up[fusing]->weight.mutable_grad().reset();
+      }
+    }
+  }
+}
+
+/// A layer of the group handed the norm's placeholder a second time finds
+/// no cast left for it, and the placeholder has no values to cast: a
+/// UsageError, not a cast of uninitialised memory.
+TEST(Float8RmsNormSharedCast, APlaceholderHandedToALayerTwiceIsRefused) {
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  ddp::Float8Linear gate(torch::nn::LinearOptions(64, 32).bias(false), delayed());
+  ddp::Float8Linear up(torch::nn::LinearOptions(64, 32).bias(false), delayed());
+  gate->to(kGpu);
+  up->to(kGpu);
+  ddp::float8::share_input_cast({gate.get(), up.get()});
+  const auto x = torch::randn({32, 64}, on_gpu.dtype(torch::kBFloat16));
+  const auto normed = ddp::float8::rms_norm(x, torch::ones({64}, on_gpu), *gate);
+  ASSERT_EQ(normed.stride(0), 0) << "the fused path did not run";
+  up(normed);
+  EXPECT_THROW(up(normed), ddp::UsageError);
+  gate(normed);  // its own offer: still waiting
 }
 
 /// The FP8 bytes the norm writes against the cast of ddp::rms_norm's output

@@ -15,6 +15,7 @@
 
 #include "fused_ops.h"
 #include "llama_model.h"
+#include "support/float8_gpu.h"
 #include "support/fused_comparison.h"
 #include "support/relative_error.h"
 
@@ -100,6 +101,59 @@ TEST(LlamaFusedOps, SplitRotateQkvMatchesAten) {
           },
           dtype, "split_rotate_qkv " + std::string(c10::toString(dtype)) + " " + std::to_string(heads) + " heads");
     }
+  }
+}
+
+/// With the projection whose output qkv is, running FP8 with delayed
+/// scaling: the merged gradient is written as the projection's FP8 output
+/// gradient (ddp::float8::output_gradient_destination), the same bytes the
+/// projection's own cast of the bf16 gradient makes, so every gradient is
+/// equal bit for bit to the path without it, over steps whose scales follow
+/// the amaxes.
+TEST(LlamaFusedOps, SplitRotateQkvWritesTheProjectionsFloat8GradientAsItsCastWould) {
+  DDP_SKIP_WITHOUT_FLOAT8();
+  const std::int64_t heads = 4, kv_heads = 2, head_dim = 64, seq = 64, dim = 256;
+  const auto on_gpu = torch::TensorOptions().device(kGpu);
+  const auto options = ddp::Float8Options().scaling(ddp::Float8Scaling::kDelayed).amax_history_len(4);
+  torch::manual_seed(9);
+  ddp::Float8Linear projection[2]{nullptr, nullptr};  // [0]: merged in bf16 and cast by the layer, [1]: in FP8
+  for (auto& layer : projection) {
+    layer = ddp::Float8Linear(torch::nn::LinearOptions(dim, (heads + 2 * kv_heads) * head_dim).bias(false), options);
+    layer->to(kGpu);
+  }
+  {
+    torch::NoGradGuard no_grad;
+    projection[1]->weight.copy_(projection[0]->weight);
+  }
+  const auto angles = torch::randn({seq, head_dim / 2}, on_gpu) * 3;
+  for (int step = 0; step < 3; ++step) {
+    const std::string at = "step " + std::to_string(step);
+    const auto x = torch::randn({2, seq, dim}, on_gpu.dtype(torch::kBFloat16)) * (step + 1);
+    const auto grad_q = torch::randn({2, seq, heads, head_dim}, on_gpu) * 1e-2;
+    const auto grad_k = torch::randn({2, seq, kv_heads, head_dim}, on_gpu) * 1e-2;
+    const auto grad_v = torch::randn({2, seq, kv_heads, head_dim}, on_gpu) * 1e-2;
+    torch::Tensor inputs[2];
+    for (int fp8 = 0; fp8 < 2; ++fp8) {
+      inputs[fp8] = x.clone().requires_grad_();
+      const torch::Tensor qkv = projection[fp8](inputs[fp8]);
+      torch::Tensor grad_qkv;
+      qkv.register_hook([&grad_qkv](const torch::Tensor& grad) { grad_qkv = grad; });
+      const auto [q, k, v] = llama::ops::split_rotate_qkv(qkv, angles.cos(), angles.sin(), heads, kv_heads,
+                                                          /*fused=*/true, fp8 ? projection[1].get() : nullptr);
+      ((q.to(torch::kFloat) * grad_q).sum() + (k.to(torch::kFloat) * grad_k).sum() +
+       (v.to(torch::kFloat) * grad_v).sum())
+          .backward();
+      ASSERT_TRUE(grad_qkv.defined()) << at;
+      // The FP8 path hands autograd a tensor without values (zero strides) in the gradient's place.
+      EXPECT_EQ(grad_qkv.stride(0) == 0, fp8 == 1)
+          << at << ": the FP8 gradient was " << (fp8 ? "not " : "") << "written";
+    }
+    EXPECT_TRUE(torch::equal(inputs[1].grad(), inputs[0].grad())) << at << ": the projection's input gradient";
+    EXPECT_TRUE(torch::equal(projection[1]->weight.grad(), projection[0]->weight.grad()))
+        << at << ": the projection's weight gradient";
+    const auto amaxes = std::make_pair(projection[0]->latest_amaxes(), projection[1]->latest_amaxes());
+    EXPECT_TRUE(torch::equal(amaxes.second[2], amaxes.first[2])) << at << ": the output gradient's amax";
+    for (auto& layer : projection) layer->weight.mutable_grad().reset();
   }
 }
 

@@ -72,9 +72,11 @@ TEST(RmsNormGpu, UnderAutocastReturnsTheAutocastDtype) {
 }
 
 TEST(RmsNormGpu, AddRmsNormMatchesAten) {
-  // 2048 columns: the vectorized kernel; 102: the scalar kernel. Both
-  // outputs (the sum and its norm) get a gradient.
-  for (const std::int64_t cols : {2048, 102}) {
+  // 2048 columns: the vectorized kernel, two packs of a row per thread; 4096:
+  // four; 102: the scalar kernel; 1030: scalar with four per thread and the
+  // row's last 6 read again after the block's sum. Both outputs (the sum and
+  // its norm) get a gradient, so the backward adds the sum's.
+  for (const std::int64_t cols : {2048, 4096, 102, 1030}) {
     for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
       torch::manual_seed(5);
       const auto x = torch::randn({4, 700, cols}, torch::TensorOptions().device(kGpu)).to(dtype);
