@@ -246,9 +246,14 @@ DataParallelCore::~DataParallelCore() = default;
 void DataParallelCore::before_forward() {
   const int buffer_root = join_ ? agree_on_active_forward() : 0;
   reducer_->prepare_for_forward();
-  // What the forward and its backward gather and reduce, for a ddp::Join to repeat.
+  // What the forward and its backward gather and reduce, for a ddp::Join to repeat. A forward before the units
+  // are checked gathers every unit at once, as no later forward does: repeating it would pair no collective.
   if (options_.sharding() == Sharding::kFull) {
-    sharded_->begin_recording(join_forward_kind(at::GradMode::is_enabled(), reducer_->sync()));
+    if (units_ == nullptr || units_->checked()) {
+      sharded_->begin_recording(join_forward_kind(at::GradMode::is_enabled(), reducer_->sync()));
+    } else {
+      sharded_->stop_recording();
+    }
   }
   // Once in_unit is known to be called for every unit, each unit waits for its own gather.
   if (sharded_) sharded_->gather(/*defer_units=*/units_ && units_->checked());

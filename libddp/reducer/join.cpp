@@ -1,5 +1,6 @@
 #include <ddp/join.h>
 
+#include <array>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -61,15 +62,20 @@ const char* name_of(int kind) {
 /// The all-reduce every rank makes at each of the active ranks' forwards:
 /// who is active, whether this forward records a graph, whether its
 /// backward reduces, whether it broadcasts buffers. A rank out of batches
-/// offers zeros.
-Iteration agree_on_iteration(Communicator& comm, bool active, bool grad, bool sync_backward, bool train_buffers) {
+/// offers zeros, and the kinds of forward it cannot repeat (`unrepeatable`,
+/// Sharding::kFull), so that all ranks refuse such a forward together.
+Iteration agree_on_iteration(Communicator& comm, bool active, bool grad, bool sync_backward, bool train_buffers,
+                             const std::array<bool, kJoinForwardKinds>& unrepeatable = {}) {
   const int world = comm.world_size();
-  std::vector<std::int32_t> flags(static_cast<std::size_t>(world) + 3, 0);
+  std::vector<std::int32_t> flags(static_cast<std::size_t>(world) * (1 + kJoinForwardKinds) + 3, 0);
   if (active) {
     flags[static_cast<std::size_t>(comm.rank())] = 1;
     flags[world] = grad ? 1 : 0;
     flags[world + 1] = sync_backward ? 1 : 0;
     flags[world + 2] = train_buffers ? 1 : 0;
+  }
+  for (int kind = 0; kind < kJoinForwardKinds; ++kind) {
+    if (unrepeatable[kind]) flags[static_cast<std::size_t>(world + 3 + kind * world + comm.rank())] = 1;
   }
   at::Tensor agreed = at::tensor(flags, at::kInt).to(comm.device());
   comm.all_reduce(agreed)->wait();
@@ -91,6 +97,19 @@ Iteration agree_on_iteration(Communicator& comm, bool active, bool grad, bool sy
   }
   it.kind = join_forward_kind(sums[world] != 0, sums[world + 1] != 0);
   it.train_buffers = sums[world + 2] != 0;
+  std::vector<int> cannot_repeat;
+  for (int rank = 0; rank < world; ++rank) {
+    if (sums[world + 3 + it.kind * world + rank] != 0) cannot_repeat.push_back(rank);
+  }
+  if (it.active > 0 && !cannot_repeat.empty()) {
+    throw UsageError(fmt::format(
+        "ddp::Join with Sharding::kFull: rank(s) {} ran out of batches before running a {} forward after their "
+        "first forward with gradients, and the active ranks run one now; a rank out of batches repeats the unit "
+        "gathers of its own last forward of each kind (the first, which gathers every unit at once, does not "
+        "count), so give every rank at least two batches, and run each kind of forward on every rank before "
+        "any calls done()",
+        fmt::join(cannot_repeat, ", "), name_of(it.kind)));
+  }
   return it;
 }
 
@@ -172,9 +191,13 @@ int DataParallelCore::agree_on_active_forward() {
 void DataParallelCore::shadow_until_all_joined() {
   if (!join_) throw UsageError("ddp::Join::done(): the model is not in join mode");
   if (sharded_) sharded_->stop_recording();  // what it repeats is its own last forward's
+  std::array<bool, kJoinForwardKinds> unrepeatable{};
+  if (options_.sharding() == Sharding::kFull) {
+    for (int kind = 0; kind < kJoinForwardKinds; ++kind) unrepeatable[kind] = sharded_->recorded(kind) == nullptr;
+  }
   Communicator& comm = process_group_->communicator();
   for (;;) {
-    const Iteration it = agree_on_iteration(comm, false, false, false, false);
+    const Iteration it = agree_on_iteration(comm, false, false, false, false, unrepeatable);
     if (it.active == 0) break;
     reducer_->set_averaging_ranks(averaging_ranks(join_->options, it));
     shadow_iteration(it.kind, it.train_buffers, it.first_active);
@@ -216,13 +239,7 @@ void DataParallelCore::shadow_iteration(int kind, bool train_buffers, int buffer
     // Unit gathers and reductions come in the order autograd's hooks issued
     // them: repeat this rank's own last forward (and backward) of the kind.
     const std::vector<ShardedCollective>* collectives = sharded_->recorded(kind);
-    if (collectives == nullptr) {
-      throw UsageError(fmt::format(
-          "ddp::Join with Sharding::kFull: rank {} ran out of batches before it ran a {} forward, which the "
-          "other ranks run now; a rank out of batches repeats the unit gathers of its own last forward of each "
-          "kind, so every rank must run one of each kind of forward before it calls done()",
-          comm.rank(), name_of(kind)));
-    }
+    TORCH_INTERNAL_ASSERT(collectives != nullptr, "agree_on_iteration let through a forward this rank cannot repeat");
     if (sync) reducer_->begin_shadow_backward();
     for (const ShardedCollective& collective : *collectives) {
       if (collective.kind == ShardedCollective::kReduce) {

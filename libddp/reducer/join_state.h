@@ -9,7 +9,7 @@ namespace ddp::detail {
 
 /// The kinds of forward the ranks agree on under a ddp::Join, each with its
 /// own collectives.
-enum JoinForwardKind { kEvaluationForward, kNoSyncForward, kSynchronisedForward };
+enum JoinForwardKind { kEvaluationForward, kNoSyncForward, kSynchronisedForward, kJoinForwardKinds };
 
 inline JoinForwardKind join_forward_kind(bool grad, bool sync) {
   if (!grad) return kEvaluationForward;

@@ -142,6 +142,22 @@ TEST(JoinGloo, FullShardingMatchesOneProcess) {
   expect_join_matches_one_process(s);
 }
 
+// kFull: a rank that joins after its first forward only (which gathers every unit at once) or with no forward
+// cannot repeat the others' unit-by-unit gathers: every rank is refused at the others' next forward (one batch:
+// Gloo aborted every rank; no batch: the others waited for the collective's timeout).
+TEST(JoinGloo, FullShardingWithARankThatRanOnlyItsFirstForwardIsRefusedOnEveryRank) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_gloo(20);
+    for (const int batches : {1, 0}) {
+      JoinScenario s{{3, batches}};
+      s.sharding = ddp::Sharding::kFull;
+      require_usage_error([&] { check_join_matches_one_process(pg, s); },
+                          "rank(s) 1 ran out of batches before running a training forward after their first forward "
+                          "with gradients");
+    }
+  }));
+}
+
 TEST(JoinGloo, ShardingWithoutTheOptimizerOrWithUnusedUnitsIsRefused) {
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_gloo();
