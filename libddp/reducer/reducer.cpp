@@ -363,8 +363,9 @@ void Reducer::mark_ready(std::size_t index, bool used) {
   if (ready_[index]) {
     throw UsageError(fmt::format(
         "libddp: parameter '{}' received its gradient twice in one backward pass. DistributedDataParallel "
-        "reduces each gradient once per backward: run backward once per forward, and mark the whole "
-        "model's graph reentrant-free (or use static_graph) if activation checkpointing reuses parameters.",
+        "reduces each gradient once per backward (static_graph or not): run backward once per forward, and "
+        "do not let a nested backward (reentrant activation checkpointing) accumulate a parameter's gradient "
+        "a second time; recompute activations inside the one graph instead.",
         names_[index]));
   }
   ready_[index] = 1;
@@ -480,6 +481,14 @@ void Reducer::finalize_backward() {
     std::vector<std::size_t> missing;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!ready_[i]) missing.push_back(i);
+    }
+    if (config_.static_graph && config_.find_unused_parameters) {
+      throw UsageError(fmt::format(
+          "libddp: on rank {}, these parameters received no gradient in this backward pass, though the first "
+          "iteration used them: {}. static_graph promises that every iteration uses the parameters the first one "
+          "used; if the parameters in use change between iterations, drop static_graph and keep "
+          "find_unused_parameters.",
+          comm_.rank(), names_of(missing)));
     }
     throw UsageError(fmt::format(
         "libddp: on rank {}, these parameters received no gradient in this backward pass, so their gradients "

@@ -351,6 +351,33 @@ TEST(DdpGlooTwoRanks, FreezingAfterWrappingAndAnEmptyCommHookAreUsageErrors) {
   }));
 }
 
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl()
+      : first(register_module("first", torch::nn::Linear(4, 2))),
+        second(register_module("second", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x, bool use_second) {
+    return use_second ? first(x) + second(x) : first(x);
+  }
+  torch::nn::Linear first, second;
+};
+TORCH_MODULE(TwoHeads);
+
+// static_graph with find_unused_parameters: an iteration that leaves out a parameter the first one used breaks
+// the promise; the error said to set find_unused_parameters, which was set.
+TEST(DdpGlooTwoRanks, AGraphThatChangesUnderStaticGraphIsNamedAsSuch) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_gloo();
+    ddp::DistributedDataParallel<TwoHeads> model(
+        TwoHeads(), pg, ddp::DistributedDataParallelOptions().static_graph(true).find_unused_parameters(true));
+    for (int iteration = 0; iteration < 2; ++iteration) model(torch::ones({2, 4}), true).sum().backward();
+    require_usage_error(
+        [&] {
+          model(torch::ones({2, 4}), false).sum().backward();
+        },
+        "though the first iteration used them: second.weight, second.bias. static_graph promises");
+  }));
+}
+
 // A forward under NoGradGuard between a forward and its backward (a target,
 // a pseudo-label) disarmed the reducer: that backward was not averaged, and
 // the ranks drifted apart silently. Three iterations: the second rebuilds
