@@ -297,19 +297,25 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
   return options;
 }
 
+int visible_gpu_count(const char* visible, int host_gpus) {
+  if (host_gpus == 0) return 0;
+  if (visible == nullptr) return std::max(host_gpus, 0);
+  const std::string list = visible;
+  if (list.empty() || list == "-1" || list == "NoDevFiles") return 0;
+  const int listed = static_cast<int>(std::count(list.begin(), list.end(), ',')) + 1;
+  return host_gpus < 0 ? listed : std::min(listed, host_gpus);
+}
+
 int visible_gpu_count() {
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    std::string list = visible;
-    if (list.empty() || list == "-1" || list == "NoDevFiles") return 0;
-    return static_cast<int>(std::count(list.begin(), list.end(), ',')) + 1;
-  }
   std::error_code error;
-  int count = 0;
+  int host_gpus = 0;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", error)) {
     (void)entry;
-    ++count;
+    ++host_gpus;
   }
-  return count;
+  // WSL2's driver has no /proc entry: its GPUs are behind /dev/dxg.
+  if (error && std::filesystem::exists("/dev/dxg", error)) host_gpus = -1;
+  return visible_gpu_count(std::getenv("CUDA_VISIBLE_DEVICES"), host_gpus);
 }
 
 }  // namespace ddp::launcher

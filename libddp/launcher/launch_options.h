@@ -50,5 +50,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
 /// GPUs this process may use: CUDA_VISIBLE_DEVICES when set, otherwise the
 /// devices the NVIDIA driver lists. Needs no CUDA runtime.
 int visible_gpu_count();
+/// The same from its inputs: `visible` is CUDA_VISIBLE_DEVICES (null: unset), `host_gpus` the GPUs the driver
+/// lists (-1: a driver that lists none in /proc, as WSL2's). A list never counts more GPUs than the host has.
+int visible_gpu_count(const char* visible, int host_gpus);
 
 }  // namespace ddp::launcher

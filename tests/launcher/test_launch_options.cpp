@@ -88,6 +88,23 @@ TEST(LaunchOptions, RejectsBadValuesNamingTheOption) {
   }
 }
 
+// --nproc-per-node gpu: CUDA_VISIBLE_DEVICES names the GPUs to use, but a host without any has none to start
+// workers on (it counted the list: two workers that each failed to find a GPU).
+TEST(VisibleGpuCount, AListNeverCountsMoreGpusThanTheHostHas) {
+  EXPECT_EQ(visible_gpu_count(nullptr, 3), 3);
+  EXPECT_EQ(visible_gpu_count("0,1", 0), 0);
+  EXPECT_EQ(visible_gpu_count("0,1", 8), 2);
+  EXPECT_EQ(visible_gpu_count("0,1,2,3", 2), 2);
+  EXPECT_EQ(visible_gpu_count("GPU-0a1b,GPU-2c3d", -1), 2);  // WSL2: the driver lists no GPU in /proc
+  EXPECT_EQ(visible_gpu_count("", 4), 0);
+  EXPECT_EQ(visible_gpu_count("-1", 4), 0);
+  EXPECT_EQ(visible_gpu_count(nullptr, -1), 0);
+  if (visible_gpu_count() == 0) {
+    const ScopedVariable visible("CUDA_VISIBLE_DEVICES", "0,1");
+    EXPECT_EQ(visible_gpu_count(), 0) << "this host lists no GPU, whatever CUDA_VISIBLE_DEVICES says";
+  }
+}
+
 TEST(SlurmNodeList, FirstHostOfEachForm) {
   EXPECT_EQ(first_slurm_host("node17"), "node17");
   EXPECT_EQ(first_slurm_host("node[01-04,07]"), "node01");
