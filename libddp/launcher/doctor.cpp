@@ -29,6 +29,26 @@ namespace {
 constexpr const char* kProbeName = "ddp_doctor_probe";
 constexpr int kProbeSeconds = 240;  // past the workers' own 60 s deadlines
 
+/// SIGINT, SIGTERM or SIGHUP that asked the doctor to stop (0: none): it stops the probe job, removes its scratch
+/// folder, and then dies of the signal.
+volatile sig_atomic_t stop_signal = 0;
+
+void note_stop_signal(int signal) { stop_signal = signal; }
+
+void catch_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = note_stop_signal;
+  ::sigemptyset(&action.sa_mask);
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &action, nullptr);
+}
+
+[[noreturn]] void die_of_stop_signal() {
+  const int signal = stop_signal;
+  ::signal(signal, SIG_DFL);
+  ::raise(signal);
+  ::_exit(128 + signal);
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -114,6 +134,7 @@ std::vector<Check> run_probe(const std::string& scratch, int workers, bool sever
   if (pid == 0) {
     // The probe job ends with the doctor, however the doctor ends (a
     // signal, a kill): its ddprun stops its workers on SIGTERM.
+    for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::signal(signal, SIG_DFL);  // until execve resets them
     if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != doctor) ::_exit(126);
     const int out = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) ::_exit(126);
@@ -123,10 +144,12 @@ std::vector<Check> run_probe(const std::string& scratch, int workers, bool sever
   int status = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kProbeSeconds);
   bool timed_out = false;
+  bool stopping = false;
   while (::waitpid(pid, &status, WNOHANG) == 0) {
-    if (std::chrono::steady_clock::now() > deadline && !timed_out) {
+    if ((stop_signal != 0 || std::chrono::steady_clock::now() > deadline) && !stopping) {
       ::kill(pid, SIGTERM);  // ddprun stops its workers and exits
-      timed_out = true;
+      timed_out = stop_signal == 0;
+      stopping = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -208,21 +231,27 @@ int run_doctor(const std::vector<std::string>& args) {
   }
   const HostFacts facts = read_host_facts();
   std::vector<Check> checks = host_checks(facts);
-  char pattern[] = "/tmp/ddprun-doctor-XXXXXX";
-  if (::mkdtemp(pattern) == nullptr) {
-    checks.push_back({CheckStatus::kFailure, "temporary folder", std::string("mkdtemp failed: ") + std::strerror(errno),
-                      "make /tmp writable"});
+  const char* tmpdir = std::getenv("TMPDIR");
+  const std::string temporary = tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp";
+  std::string scratch = temporary + "/ddprun-doctor-XXXXXX";
+  catch_stop_signals();
+  if (::mkdtemp(scratch.data()) == nullptr) {
+    checks.push_back({CheckStatus::kFailure, "temporary folder",
+                      fmt::format("mkdtemp in {} failed: {}", temporary, std::strerror(errno)),
+                      "make " + temporary + " writable, or point TMPDIR to a writable folder"});
   } else {
     const int gpus = visible_gpu_count();
     const bool nvls_unset = gpus > 1 && facts.env.count("NCCL_NVLS_ENABLE") == 0;
     bool probe_failed = false;
-    for (Check& check : run_probe(pattern, gpus > 0 ? gpus : 2, nvls_unset)) {
+    for (Check& check : run_probe(scratch, gpus > 0 ? gpus : 2, nvls_unset)) {
       probe_failed = probe_failed || check.status == CheckStatus::kFailure;
       checks.push_back(std::move(check));
     }
     std::error_code error;
-    if (!probe_failed) std::filesystem::remove_all(pattern, error);  // else its logs are named in the report
+    // A failed probe's logs are named in the report; a stopped doctor reports nothing.
+    if (!probe_failed || stop_signal != 0) std::filesystem::remove_all(scratch, error);
   }
+  if (stop_signal != 0) die_of_stop_signal();
   std::fputs(render_report(checks, json).c_str(), stdout);
   for (const Check& check : checks) {
     if (check.status == CheckStatus::kFailure) return 1;

@@ -330,8 +330,9 @@ void expect_dies(pid_t pid, const std::string& what) {
 
 // A doctor killed while its probe job runs takes the job with it: the job's
 // ddprun gets SIGTERM as the doctor dies and stops its workers. (The job
-// went on, its parent gone, and held the GPUs for minutes.)
-TEST(Ddprun, AKilledDoctorLeavesNoProbeJob) {
+// went on, its parent gone, and held the GPUs for minutes.) A doctor stopped
+// by SIGTERM also removes its scratch folder (it stayed in TMPDIR) and dies of the signal.
+TEST(Ddprun, AKilledDoctorLeavesNoProbeJobAndNoScratchFolder) {
   namespace fs = std::filesystem;
   ScratchDir scratch;
   const fs::path bin = fs::path(scratch.path()) / "bin";
@@ -348,11 +349,14 @@ TEST(Ddprun, AKilledDoctorLeavesNoProbeJob) {
                           "exec sleep 120\n";
   fs::permissions(probe, fs::perms::owner_all);
   const std::string doctor_path = (bin / "ddprun").string();
+  const std::string temporary = scratch.path() + "/tmp";
+  fs::create_directories(temporary);
   const pid_t doctor = ::fork();
   ASSERT_GE(doctor, 0);
   if (doctor == 0) {
     const int nothing = ::open("/dev/null", O_WRONLY);
     if (nothing < 0 || ::dup2(nothing, STDOUT_FILENO) < 0 || ::dup2(nothing, STDERR_FILENO) < 0) ::_exit(126);
+    ::setenv("TMPDIR", temporary.c_str(), 1);
     ::execl(doctor_path.c_str(), "ddprun", "--doctor", nullptr);
     ::_exit(127);
   }
@@ -362,6 +366,10 @@ TEST(Ddprun, AKilledDoctorLeavesNoProbeJob) {
   ASSERT_EQ(::waitpid(doctor, &status, 0), doctor);
   ASSERT_FALSE(workers.empty()) << "the probe job never started";
   for (pid_t worker : workers) expect_dies(worker, "a probe worker outlived the killed doctor");
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "the doctor's wait status: " << status;
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(temporary)) left.push_back(entry.path().filename().string());
+  EXPECT_EQ(left, std::vector<std::string>{}) << "the stopped doctor left its scratch folder";
 }
 
 // A worker's descendant that leaves its process group (setsid, a daemon)
