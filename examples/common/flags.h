@@ -33,6 +33,8 @@ class Flags {
   bool on(const std::string& name) const;
   /// Whether the user gave the flag (as opposed to its default).
   bool given(const std::string& name) const;
+  /// Every flag's name, in the order declared.
+  const std::vector<std::string>& names() const { return order_; }
 
   /// Prints `message` and the usage, exits 2: for checks across flags.
   [[noreturn]] void fail(const std::string& message) const;

@@ -5,11 +5,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <set>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <ddp/captured_step.h>
 #include <ddp/errors.h>
@@ -46,6 +50,34 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
            "on: record the whole step (micro-batches, clipping, loss scaling, optimizer) into a CUDA graph after at "
            "least 3 eager steps and replay it, one launch per step (GPU only); off: eager steps; auto: on with a "
            "CUDA device unless --uneven join");
+}
+
+void require_same_flags_on_every_rank(const Flags& flags, ddp::ProcessGroup& process_group) {
+  static const std::set<std::string> local{"data", "val-data", "metrics", "checkpoint", "workers"};
+  std::vector<std::string> names;
+  std::vector<std::int64_t> hashes;
+  for (const std::string& name : flags.names()) {
+    if (local.count(name) != 0) continue;
+    names.push_back(name);
+    hashes.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(flags.str(name)) >> 1));
+  }
+  const auto count = static_cast<std::int64_t>(hashes.size());
+  const int world = process_group.world_size();
+  at::Tensor all = at::empty({world * count}, at::TensorOptions().dtype(at::kLong).device(process_group.device()));
+  process_group.communicator().all_gather(all, at::tensor(hashes, at::kLong).to(process_group.device()))->wait();
+  all = all.cpu().view({world, count});
+  for (std::int64_t f = 0; f < count; ++f) {
+    std::vector<int> differ;
+    for (int rank = 1; rank < world; ++rank) {
+      if (all[rank][f].item<std::int64_t>() != all[0][f].item<std::int64_t>()) differ.push_back(rank);
+    }
+    if (differ.empty()) continue;
+    const std::string& name = names[static_cast<std::size_t>(f)];
+    throw ddp::UsageError(fmt::format(
+        "--{} differs between ranks: rank(s) {} were given another value than rank 0 (this is rank {}, with '{}'); "
+        "give every rank the same flags",
+        name, fmt::join(differ, ", "), process_group.rank(), flags.str(name)));
+  }
 }
 
 TrainerOptions trainer_options(const Flags& flags) {

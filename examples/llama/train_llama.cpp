@@ -138,6 +138,7 @@ int main(int argc, char** argv) try {
         "meet; use --fp8-scaling current or --uneven drop");
   }
   auto process_group = ddp::init();
+  examples::require_same_flags_on_every_rank(flags, *process_group);
   const auto device = process_group->device();
   policy.check_supported(device);
 

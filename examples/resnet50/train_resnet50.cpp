@@ -96,6 +96,7 @@ int main(int argc, char** argv) try {
   flags.real_in("label-smoothing", 0, 1, /*high_open=*/false);
   if (flags.integer("eval-batches") < 0) flags.fail("--eval-batches must be at least 0 (0: no evaluation)");
   auto process_group = ddp::init();
+  examples::require_same_flags_on_every_rank(flags, *process_group);
   const auto device = process_group->device();
   policy.check_supported(device);
   const std::int64_t batch = flags.integer("batch");

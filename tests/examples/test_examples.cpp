@@ -244,4 +244,19 @@ TEST(Examples, BadInputIsRefusedByName) {
   EXPECT_EQ(other_format.output.find("step 1/"), std::string::npos) << "it trained: " << other_format.output;
 }
 
+// Ranks given different flags ran different collectives and ended in Gloo's "terminate called after throwing
+// gloo::EnforceNotMet"; now every rank stops before its first step, naming the flag.
+TEST(Examples, RanksGivenDifferentFlagsAreRefusedNamingTheFlag) {
+  ScratchDir scratch;
+  std::string command = std::string("exec ") + TRAIN_LLAMA;
+  for (const std::string& arg : kLlama) command += " " + arg;
+  const auto result = train("/bin/sh", {"-c", command + " --steps $((3 + RANK))"}, scratch);
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("--steps differs between ranks: rank(s) 1 were given another value than rank 0"),
+            std::string::npos)
+      << result.output;
+  EXPECT_EQ(result.output.find("step 1/"), std::string::npos) << "it trained: " << result.output;
+  EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
+}
+
 }  // namespace
