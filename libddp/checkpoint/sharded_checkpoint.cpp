@@ -278,8 +278,6 @@ std::int64_t piece_overlap(const SavedParameter& parameter, std::size_t piece, s
 /// sizes by check_load(), before anything is written; write_load() writes it.
 struct CheckedLoad {
   std::string directory;
-  torch::serialize::InputArchive manifest;
-  std::string manifest_path;
   std::string id;
   std::vector<std::optional<SavedParameter>> saved;
   std::optional<OptimizerKind> kind;
@@ -295,8 +293,8 @@ CheckedLoad check_load(const CheckpointedModel& model, torch::optim::Optimizer* 
                        bool extra) {
   CheckedLoad checked;
   checked.directory = directory;
-  const std::string& manifest_path = checked.manifest_path = path_in(directory, kManifest);
-  torch::serialize::InputArchive& manifest = checked.manifest;
+  const std::string manifest_path = path_in(directory, kManifest);
+  torch::serialize::InputArchive manifest;
   if (!checkpoint::is_sharded_checkpoint(directory)) {
     throw UsageError(
         fmt::format("'{}' holds no sharded checkpoint ({} is missing): check the path, or the save did not finish; "
