@@ -47,9 +47,9 @@ void write(const torch::nn::Module& module, const HostCopies& host, torch::seria
 
 using TrainedIndex = std::unordered_map<const c10::TensorImpl*, std::size_t>;
 
-// Module::load's walk, writing in place.
+// Module::load's walk: checks everything the archive holds against the model and, with `write`, copies it in place.
 void read(torch::nn::Module& module, const std::string& path, const TrainedIndex& trained, ShardedParameters* sharded,
-          torch::serialize::InputArchive& archive) {
+          torch::serialize::InputArchive& archive, bool write) {
   const auto take = [&](const std::string& key, at::Tensor& target, bool is_buffer) {
     const std::string name = path.empty() ? key : path + "." + key;
     at::Tensor loaded;
@@ -71,6 +71,7 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
           "libddp: the checkpoint holds '{}' in {}, the model's is {}; convert the model to {} before loading", name,
           c10::toString(loaded.scalar_type()), c10::toString(dtype), c10::toString(loaded.scalar_type())));
     }
+    if (!write) return;
     if (sharded != nullptr && it != trained.end()) {
       const at::Tensor fragment = sharded->fragment_of(it->second);
       if (fragment.defined()) fragment.copy_(sharded->part_of(it->second, loaded));
@@ -104,7 +105,11 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
   }
   torch::serialize::InputArchive scaling;
   if (float8_layer != nullptr && archive.try_read(Float8LinearAccess::kScalingKey, scaling)) {
-    Float8LinearAccess::load_scaling(*float8_layer, path, scaling);
+    if (write) {
+      Float8LinearAccess::load_scaling(*float8_layer, path, scaling);
+    } else {
+      Float8LinearAccess::check_scaling(*float8_layer, path, scaling);
+    }
   }
   for (const auto& child : module.named_children()) {
     if (!child.value()->is_serializable()) continue;
@@ -114,7 +119,7 @@ void read(torch::nn::Module& module, const std::string& path, const TrainedIndex
       throw UsageError(fmt::format(
           "libddp: the checkpoint has no module '{}' of this model; it belongs to another model", child_path));
     }
-    read(*child.value(), child_path, trained, sharded, child_archive);
+    read(*child.value(), child_path, trained, sharded, child_archive, write);
   }
 }
 
@@ -127,7 +132,8 @@ void load_module_state(torch::nn::Module& module, const std::vector<at::Tensor>&
   for (std::size_t i = 0; i < parameters.size(); ++i) trained[parameters[i].unsafeGetTensorImpl()] = i;
   // A forward that threw may have left gathers, and the casts feeding them, reading the shards.
   if (sharded != nullptr) sharded->settle_all();
-  read(module, "", trained, sharded, archive);
+  read(module, "", trained, sharded, archive, /*write=*/false);  // a refused load changes nothing
+  read(module, "", trained, sharded, archive, /*write=*/true);
   if (sharded != nullptr) sharded->shards_written();
 }
 

@@ -31,7 +31,8 @@ void save_module_state(const torch::nn::Module& module, const std::vector<at::Te
 /// DDP installed there.) Each of the trained `parameters` goes, with
 /// `sharded`, into this rank's fragment of it (the next forward gathers);
 /// `sharded` null: into the parameter. UsageError naming a tensor the
-/// archive lacks or holds in another shape.
+/// archive lacks or holds in another shape or dtype, before anything is
+/// written: a refused load leaves the model as it was.
 void load_module_state(torch::nn::Module& module, const std::vector<at::Tensor>& parameters, ShardedParameters* sharded,
                        torch::serialize::InputArchive& archive);
 

@@ -472,6 +472,9 @@ CheckedLoad check_load(const CheckpointedModel& model, torch::optim::Optimizer* 
     }
   }
   checked.float8_scalings = saved_float8_scalings(model, manifest, directory);
+  for (SavedFloat8Scaling& scaling : checked.float8_scalings) {
+    Float8LinearAccess::check_scaling(*scaling.layer, scaling.name, scaling.state);
+  }
   if (extra && !manifest.try_read("extra", checked.extra)) {
     throw UsageError(fmt::format("sharded checkpoint '{}' holds no extra state: it was saved without it", directory));
   }

@@ -366,19 +366,35 @@ bool Float8LinearAccess::save_scaling(const Float8LinearImpl& layer, torch::seri
   return true;
 }
 
-void Float8LinearAccess::load_scaling(Float8LinearImpl& layer, const std::string& name,
-                                      torch::serialize::InputArchive& scaling) {
+bool Float8LinearAccess::check_scaling(const Float8LinearImpl& layer, const std::string& name,
+                                       torch::serialize::InputArchive& scaling) {
   const std::string who = name.empty() ? "Float8Linear" : fmt::format("Float8Linear '{}'", name);
   if (layer.float8_options.scaling() != Float8Scaling::kDelayed) {
-    if (!layer.float8_enabled()) return;
+    if (!layer.float8_enabled()) return false;
     throw UsageError(fmt::format(
         "{}: the checkpoint holds delayed-scaling state but this layer uses current scaling; construct it with "
         "Float8Options().scaling(ddp::Float8Scaling::kDelayed)",
         who));
   }
 #if !DDP_TORCH_HAS_SCALED_MM
-  if (!layer.float8_enabled()) return;  // this LibTorch runs no FP8: nothing to restore the state for
+  if (!layer.float8_enabled()) return false;  // this LibTorch runs no FP8: nothing to restore the state for
 #endif
+  const std::int64_t length = layer.float8_options.amax_history_len();
+  for (const char* role : Float8LinearState::kRoles) {
+    at::Tensor history;
+    scaling.read(std::string(role) + ".amax_history", history, /*is_buffer=*/true);
+    if (history.dim() != 1 || history.numel() != length) {
+      throw UsageError(fmt::format(
+          "{}: the checkpoint's amax history has {} entries, this layer's {}; use the same amax_history_len", who,
+          history.numel(), length));
+    }
+  }
+  return true;
+}
+
+void Float8LinearAccess::load_scaling(Float8LinearImpl& layer, const std::string& name,
+                                      torch::serialize::InputArchive& scaling) {
+  if (!check_scaling(layer, name, scaling)) return;
   if (!layer.state_) {
     layer.state_ = make_float8_state(layer.float8_options, layer.weight.device(), /*check_device=*/false);
   }
@@ -387,11 +403,6 @@ void Float8LinearAccess::load_scaling(Float8LinearImpl& layer, const std::string
     at::Tensor scale;
     scaling.read(std::string(role) + ".amax_history", history, /*is_buffer=*/true);
     scaling.read(std::string(role) + ".scale", scale, /*is_buffer=*/true);
-    if (history.sizes() != tensor_scaling->amax_history().sizes()) {
-      throw UsageError(fmt::format(
-          "{}: the checkpoint's amax history has {} entries, this layer's {}; use the same amax_history_len", who,
-          history.numel(), tensor_scaling->amax_history().numel()));
-    }
     tensor_scaling->commit_pending_amax();  // so that no amax from before the load enters the loaded history
     tensor_scaling->amax_history().copy_(history);
     tensor_scaling->scale().copy_(scale);
@@ -423,12 +434,12 @@ void Float8LinearImpl::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void Float8LinearImpl::load(torch::serialize::InputArchive& archive) {
-  torch::nn::Module::load(archive);
   torch::serialize::InputArchive scaling;
-  // A plain Linear's checkpoint has none.
-  if (archive.try_read(detail::Float8LinearAccess::kScalingKey, scaling)) {
-    detail::Float8LinearAccess::load_scaling(*this, "", scaling);
-  }
+  // A plain Linear's checkpoint has none. Checked before the weights are written: a refused load changes nothing.
+  const bool has_scaling = archive.try_read(detail::Float8LinearAccess::kScalingKey, scaling);
+  if (has_scaling) detail::Float8LinearAccess::check_scaling(*this, "", scaling);
+  torch::nn::Module::load(archive);
+  if (has_scaling) detail::Float8LinearAccess::load_scaling(*this, "", scaling);
 }
 
 }  // namespace ddp

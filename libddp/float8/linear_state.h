@@ -29,10 +29,13 @@ struct Float8LinearState {
   TensorScaling grad_output;
   c10::Device device{c10::kCPU};
 
+  /// The roles' names, the keys of their checkpoint entries.
+  static constexpr std::array<const char*, 3> kRoles{"input", "weight", "grad_output"};
+
   std::array<TensorScaling*, 3> scalings() { return {&input, &weight, &grad_output}; }
-  /// The same with their roles' names, the keys of their checkpoint entries.
+  /// The same with their roles' names.
   std::array<std::pair<const char*, TensorScaling*>, 3> named_scalings() {
-    return {{{"input", &input}, {"weight", &weight}, {"grad_output", &grad_output}}};
+    return {{{kRoles[0], &input}, {kRoles[1], &weight}, {kRoles[2], &grad_output}}};
   }
 
   void to(const c10::Device& target) {
@@ -82,11 +85,15 @@ struct Float8LinearAccess {
   /// commit there would put its histories out of step with the other ranks'.
   /// False, and nothing written, unless the layer has delayed-scaling state.
   static bool save_scaling(const Float8LinearImpl& layer, torch::serialize::OutputArchive& scaling);
-  /// Loads what save_scaling() wrote, making the state where the layer has
-  /// none yet. A layer with FP8 off and current scaling (a bf16 model
-  /// reading an FP8 run's checkpoint) has no use for it and ignores it.
-  /// UsageError naming `name` when it does not fit a layer running FP8
-  /// (current scaling, another amax_history_len).
+  /// Whether what save_scaling() wrote is for `layer` to load: UsageError
+  /// naming `name` when it does not fit a layer running FP8 (current
+  /// scaling, another amax_history_len); false when the layer has no use for
+  /// it (FP8 off and current scaling: a bf16 model reading an FP8 run's
+  /// checkpoint). Changes nothing, so that a load can check before it writes.
+  static bool check_scaling(const Float8LinearImpl& layer, const std::string& name,
+                            torch::serialize::InputArchive& scaling);
+  /// Loads what save_scaling() wrote (after check_scaling()), making the
+  /// state where the layer has none yet.
   static void load_scaling(Float8LinearImpl& layer, const std::string& name, torch::serialize::InputArchive& scaling);
 };
 

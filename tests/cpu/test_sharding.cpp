@@ -670,8 +670,20 @@ TEST(ShardingCheckpointOneRank, OtherDtypesForeignBuffersAndMixedGroupsAreRefuse
       auto float8_current = ddp::DistributedDataParallel<ddp::Float8Linear>(
           ddp::Float8Linear(torch::nn::LinearOptions(16, 3), ddp::Float8Options()), pg, options);
       archive = with_scaling(16);
+      const at::Tensor current_weight = float8_current.module()->weight.detach().clone();
       refused([&] { float8_current.load_module(archive); },
               "Float8Linear: the checkpoint holds delayed-scaling state but this layer uses current scaling");
+      // A refused load changes nothing (it had written the weight and bias, then the first of two layers).
+      float8_current.gather_parameters();
+      require(torch::equal(float8_current.module()->weight, current_weight), "a refused load wrote the weight");
+      archive = written_by(
+          [](auto& out) { torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 5))->save(out); });
+      auto two_layers = ddp::DistributedDataParallel<torch::nn::Sequential>(
+          torch::nn::Sequential(torch::nn::Linear(4, 3), torch::nn::Linear(3, 2)), pg, options);
+      const at::Tensor first_weight = two_layers.module()->parameters()[0].detach().clone();
+      refused([&] { two_layers.load_module(archive); }, "holds '1.weight' of shape [5, 3], the model's is [2, 3]");
+      two_layers.gather_parameters();
+      require(torch::equal(two_layers.module()->parameters()[0], first_weight), "a refused load wrote layer 0");
       archive = with_scaling(4);
       refused([&] { floats.load_module(archive); },
               "the checkpoint holds 'float8_scaling', which this model does not have");
