@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -53,13 +52,20 @@ void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_ste
 }
 
 void require_same_flags_on_every_rank(const Flags& flags, ddp::ProcessGroup& process_group) {
-  static const std::set<std::string> local{"data", "val-data", "metrics", "checkpoint", "workers"};
+  // Paths may differ between hosts; what they decide may not: whether there is a checkpoint (its save and
+  // load are collective), synthetic data or files, a separate validation set.
+  const auto compared = [&flags](const std::string& name) -> std::string {
+    const std::string& value = flags.str(name);
+    if (name == "workers" || name == "metrics") return "";
+    if (name == "data") return value == "synthetic" ? value : "files";
+    if (name == "val-data" || name == "checkpoint") return value.empty() ? "none" : "given";
+    return value;
+  };
   std::vector<std::string> names;
   std::vector<std::int64_t> hashes;
   for (const std::string& name : flags.names()) {
-    if (local.count(name) != 0) continue;
     names.push_back(name);
-    hashes.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(flags.str(name)) >> 1));
+    hashes.push_back(static_cast<std::int64_t>(std::hash<std::string>{}(compared(name)) >> 1));
   }
   const auto count = static_cast<std::int64_t>(hashes.size());
   const int world = process_group.world_size();
@@ -75,7 +81,7 @@ void require_same_flags_on_every_rank(const Flags& flags, ddp::ProcessGroup& pro
     const std::string& name = names[static_cast<std::size_t>(f)];
     throw ddp::UsageError(fmt::format(
         "--{} differs between ranks: rank(s) {} were given another value than rank 0 (this is rank {}, with '{}'); "
-        "give every rank the same flags",
+        "give every rank the same flags (paths may differ, but not whether they are given)",
         name, fmt::join(differ, ", "), process_group.rank(), flags.str(name)));
   }
 }

@@ -59,9 +59,10 @@ struct TrainerOptions {
 /// learning rate, the step counts and --cuda-graph (on, off or auto).
 void add_trainer_flags(Flags& flags, double default_lr, std::int64_t default_steps, std::int64_t default_warmup,
                        const std::string& default_cuda_graph);
-/// Throws ddp::UsageError on every rank unless every rank was given the same flags, but for those that name this
-/// host's files (--data, --val-data, --metrics, --checkpoint, --workers). Ranks given another --steps or --batch
-/// ran different collectives and ended in the backend's abort. Collective; call it after ddp::init().
+/// Throws ddp::UsageError on every rank unless every rank was given the same flags. Paths may differ between
+/// hosts (--data, --val-data and --checkpoint only as to whether they are given; --metrics, and --workers, freely).
+/// Ranks given another --steps or --batch ran different collectives and ended in the backend's abort. Collective;
+/// call it after ddp::init().
 void require_same_flags_on_every_rank(const Flags& flags, ddp::ProcessGroup& process_group);
 /// Reads them back (unit and items are the example's to set; the fingerprint
 /// holds the LR schedule's and clipping's flags, for the example to extend).

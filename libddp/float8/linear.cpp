@@ -382,11 +382,24 @@ bool Float8LinearAccess::check_scaling(const Float8LinearImpl& layer, const std:
   const std::int64_t length = layer.float8_options.amax_history_len();
   for (const char* role : Float8LinearState::kRoles) {
     at::Tensor history;
-    scaling.read(std::string(role) + ".amax_history", history, /*is_buffer=*/true);
+    at::Tensor scale;
+    if (!scaling.try_read(std::string(role) + ".amax_history", history, /*is_buffer=*/true) ||
+        !scaling.try_read(std::string(role) + ".scale", scale, /*is_buffer=*/true)) {
+      throw UsageError(
+          fmt::format("{}: the checkpoint's FP8 scaling state has no {} amax history or scale; it is "
+                      "damaged or not libddp's",
+                      who, role));
+    }
     if (history.dim() != 1 || history.numel() != length) {
       throw UsageError(fmt::format(
           "{}: the checkpoint's amax history has {} entries, this layer's {}; use the same amax_history_len", who,
           history.numel(), length));
+    }
+    if (history.scalar_type() != at::kFloat || scale.scalar_type() != at::kFloat || scale.numel() != 1) {
+      throw UsageError(
+          fmt::format("{}: the checkpoint's {} scaling state is not an fp32 history and one fp32 scale; "
+                      "it is damaged or not libddp's",
+                      who, role));
     }
   }
   return true;

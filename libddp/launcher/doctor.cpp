@@ -30,16 +30,25 @@ constexpr const char* kProbeName = "ddp_doctor_probe";
 constexpr int kProbeSeconds = 240;  // past the workers' own 60 s deadlines
 
 /// SIGINT, SIGTERM or SIGHUP that asked the doctor to stop (0: none): it stops the probe job, removes its scratch
-/// folder, and then dies of the signal.
+/// folder, and then dies of the signal. A second one kills the probe job at once (`stop_signals` counts them).
 volatile sig_atomic_t stop_signal = 0;
+volatile sig_atomic_t stop_signals = 0;
 
-void note_stop_signal(int signal) { stop_signal = signal; }
+void note_stop_signal(int signal) {
+  stop_signal = signal;
+  stop_signals = stop_signals + 1;
+}
 
+/// Catches the stop signals that are not ignored: under nohup SIGHUP stays ignored, as for any program.
 void catch_stop_signals() {
   struct sigaction action {};
   action.sa_handler = note_stop_signal;
   ::sigemptyset(&action.sa_mask);
-  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(signal, &action, nullptr);
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction current {};
+    if (::sigaction(signal, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) continue;
+    ::sigaction(signal, &action, nullptr);
+  }
 }
 
 [[noreturn]] void die_of_stop_signal() {
@@ -126,6 +135,7 @@ std::vector<Check> run_probe(const std::string& scratch, int workers, bool sever
 
   const std::string output = scratch + "/ddprun.out";
   const pid_t doctor = ::getpid();
+  if (stop_signal != 0) return {};  // stopped before the probe began: no job to start and stop
   const pid_t pid = ::fork();
   if (pid < 0) {
     return {{CheckStatus::kFailure, "worker probe", fmt::format("could not start {}: {}", self, std::strerror(errno)),
@@ -134,7 +144,10 @@ std::vector<Check> run_probe(const std::string& scratch, int workers, bool sever
   if (pid == 0) {
     // The probe job ends with the doctor, however the doctor ends (a
     // signal, a kill): its ddprun stops its workers on SIGTERM.
-    for (const int signal : {SIGINT, SIGTERM, SIGHUP}) ::signal(signal, SIG_DFL);  // until execve resets them
+    // What the doctor inherited, until execve resets the caught ones (an ignored signal stays ignored).
+    for (const int signal : {SIGINT, SIGTERM, SIGHUP}) {
+      if (::signal(signal, SIG_DFL) == SIG_IGN) ::signal(signal, SIG_IGN);
+    }
     if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || ::getppid() != doctor) ::_exit(126);
     const int out = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (out < 0 || ::dup2(out, STDOUT_FILENO) < 0 || ::dup2(out, STDERR_FILENO) < 0) ::_exit(126);
@@ -151,6 +164,7 @@ std::vector<Check> run_probe(const std::string& scratch, int workers, bool sever
       timed_out = stop_signal == 0;
       stopping = true;
     }
+    if (stop_signals > 1) ::kill(pid, SIGKILL);  // asked twice: its workers die with it (parent-death signal)
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::vector<Check> checks = parse_probe_report(read_text(report));
@@ -250,6 +264,13 @@ int run_doctor(const std::vector<std::string>& args) {
     std::error_code error;
     // A failed probe's logs are named in the report; a stopped doctor reports nothing.
     if (!probe_failed || stop_signal != 0) std::filesystem::remove_all(scratch, error);
+  }
+  // From here a stop signal acts as it would on any program; one that came before stops the doctor now.
+  for (const int signal : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction current {};
+    if (::sigaction(signal, nullptr, &current) == 0 && current.sa_handler == note_stop_signal) {
+      ::signal(signal, SIG_DFL);
+    }
   }
   if (stop_signal != 0) die_of_stop_signal();
   std::fputs(render_report(checks, json).c_str(), stdout);

@@ -303,7 +303,9 @@ int visible_gpu_count(const char* visible, int host_gpus) {
   const std::string list = visible;
   if (list.empty() || list == "-1" || list == "NoDevFiles") return 0;
   const int listed = static_cast<int>(std::count(list.begin(), list.end(), ',')) + 1;
-  return host_gpus < 0 ? listed : std::min(listed, host_gpus);
+  // MIG instances are not in /proc/driver/nvidia/gpus: several can share one GPU.
+  const bool mig = list.find("MIG-") != std::string::npos;
+  return host_gpus < 0 || mig ? listed : std::min(listed, host_gpus);
 }
 
 int visible_gpu_count() {

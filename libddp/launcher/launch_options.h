@@ -51,7 +51,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
 /// devices the NVIDIA driver lists. Needs no CUDA runtime.
 int visible_gpu_count();
 /// The same from its inputs: `visible` is CUDA_VISIBLE_DEVICES (null: unset), `host_gpus` the GPUs the driver
-/// lists (-1: a driver that lists none in /proc, as WSL2's). A list never counts more GPUs than the host has.
+/// lists (-1: a driver that lists none in /proc, as WSL2's). A list never counts more GPUs than the host has,
+/// but for MIG instances (MIG-...), several of which can share one GPU.
 int visible_gpu_count(const char* visible, int host_gpus);
 
 }  // namespace ddp::launcher

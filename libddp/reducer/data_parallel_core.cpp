@@ -245,6 +245,13 @@ DataParallelCore::~DataParallelCore() = default;
 
 void DataParallelCore::before_forward() {
   const int buffer_root = join_ ? agree_on_active_forward() : 0;
+  if (options_.sharding() == Sharding::kFull && !at::GradMode::is_enabled() && reducer_->backward_due()) {
+    // Its unit gathers and releases would free units that the due backward still needs.
+    throw UsageError(
+        "ddp::DistributedDataParallel with Sharding::kFull: a forward without gradients began while the backward "
+        "of the training forward before it is still due; run that backward first (or, for a training forward "
+        "whose backward never runs, run it under torch::NoGradGuard too)");
+  }
   reducer_->prepare_for_forward();
   // What the forward and its backward gather and reduce, for a ddp::Join to repeat. A forward before the units
   // are checked gathers every unit at once, as no later forward does: repeating it would pair no collective.

@@ -180,6 +180,16 @@ void DataParallelCore::leave_join() {
 }
 
 int DataParallelCore::agree_on_active_forward() {
+  if (reducer_->backward_due()) {
+    // The joined ranks repeat a training forward's backward as soon as they agree on the forward: they wait in
+    // its reductions now, and this forward's agreement would meet them (an abort inside the backend). Refused
+    // here, before any collective; the joined ranks' reductions then fail, naming this rank.
+    throw UsageError(fmt::format(
+        "ddp::Join: rank {} began a forward while the backward of its training forward before was still due; under "
+        "a Join run each backward before the next forward (a forward that needs no backward: under "
+        "torch::NoGradGuard, after the backward)",
+        process_group_->rank()));
+  }
   const bool grad = at::GradMode::is_enabled();
   const Iteration it = agree_on_iteration(process_group_->communicator(), true, grad, grad && reducer_->sync(),
                                           buffer_sync_ != nullptr && module_->is_training());

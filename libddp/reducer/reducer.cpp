@@ -166,6 +166,11 @@ bool Reducer::sync() const {
   return sync_;
 }
 
+bool Reducer::backward_due() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return armed_;
+}
+
 std::vector<std::size_t> Reducer::bucket_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::size_t> bytes;
@@ -482,7 +487,7 @@ void Reducer::finalize_backward() {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!ready_[i]) missing.push_back(i);
     }
-    if (config_.static_graph && config_.find_unused_parameters) {
+    if (config_.static_graph && config_.find_unused_parameters && reduced_iterations_ > 0) {
       throw UsageError(fmt::format(
           "libddp: on rank {}, these parameters received no gradient in this backward pass, though the first "
           "iteration used them: {}. static_graph promises that every iteration uses the parameters the first one "

@@ -104,6 +104,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   void set_sync(bool sync);
   bool sync() const;
+  /// A forward recorded gradients that the coming backward will reduce, and that backward has not run.
+  bool backward_due() const;
   std::vector<std::size_t> bucket_bytes() const;
   /// Bytes of the bucket buffers allocated now, but for those that are a
   /// sharded mode's gradient shards themselves (one rank).

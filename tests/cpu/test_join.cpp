@@ -158,6 +158,56 @@ TEST(JoinGloo, FullShardingWithARankThatRanOnlyItsFirstForwardIsRefusedOnEveryRa
   }));
 }
 
+struct TwoUnitsImpl : torch::nn::Module {
+  TwoUnitsImpl() : a(register_module("a", torch::nn::Linear(4, 4))), b(register_module("b", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor h = ddp::in_unit(*a, [&] { return a(x); });
+    return ddp::in_unit(*b, [&] { return b(h); });
+  }
+  torch::nn::Linear a, b;
+};
+TORCH_MODULE(TwoUnits);
+
+// A forward between a training forward and its backward, under a Join: the joined rank repeats that backward as
+// soon as it agrees on the training forward, so the next forward's agreement met its reductions (Gloo aborted
+// both ranks). The active rank is refused before any collective; the joined rank's reduction fails, naming it.
+TEST(JoinGloo, AForwardWhileABackwardIsDueIsRefusedBeforeAnyCollective) {
+  expect_all_succeeded(run_ranks(2, [](int rank) {
+    auto pg = init_gloo(20);
+    ddp::DistributedDataParallel<torch::nn::Linear> model(torch::nn::Linear(4, 3), pg);
+    ddp::Join join(model);
+    if (rank == 1) {
+      require_contains(collective_error_of([&] { join.done(); }), "rank 1 of 2");
+      return;
+    }
+    const torch::Tensor loss = model(torch::ones({2, 4})).sum();
+    require_usage_error(
+        [&] {
+          torch::NoGradGuard no_grad;
+          model(torch::ones({2, 4}));
+        },
+        "ddp::Join: rank 0 began a forward while the backward of its training forward before was still due");
+  }));
+}
+
+// With kFull a forward without gradients between a forward and its backward would release units that backward
+// needs: refused, and the backward then runs as if it had not been tried.
+TEST(ShardingGloo, AForwardWithoutGradientsWhileABackwardIsDueIsRefusedUnderFullSharding) {
+  expect_all_succeeded(run_ranks(2, [](int) {
+    auto pg = init_gloo(20);
+    ddp::DistributedDataParallel<TwoUnits> full(
+        TwoUnits(), pg, ddp::DistributedDataParallelOptions().sharding(ddp::Sharding::kFull).shard_units({"a", "b"}));
+    const torch::Tensor loss = full(torch::ones({2, 4})).sum();
+    require_usage_error(
+        [&] {
+          torch::NoGradGuard no_grad;
+          full(torch::ones({2, 4}));
+        },
+        "Sharding::kFull: a forward without gradients began while the backward of the training forward");
+    loss.backward();
+  }));
+}
+
 TEST(JoinGloo, ShardingWithoutTheOptimizerOrWithUnusedUnitsIsRefused) {
   expect_all_succeeded(run_ranks(2, [](int) {
     auto pg = init_gloo();

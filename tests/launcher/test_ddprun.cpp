@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -363,7 +364,16 @@ TEST(Ddprun, AKilledDoctorLeavesNoProbeJobAndNoScratchFolder) {
   const std::vector<pid_t> workers = wait_for_pid_files(scratch.path(), 1, seconds(60));
   ASSERT_EQ(::kill(doctor, SIGTERM), 0);
   int status = 0;
-  ASSERT_EQ(::waitpid(doctor, &status, 0), doctor);
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  pid_t waited = 0;
+  while ((waited = ::waitpid(doctor, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (waited == 0) {
+    ::kill(doctor, SIGKILL);
+    ::waitpid(doctor, &status, 0);
+  }
+  ASSERT_EQ(waited, doctor) << "the doctor did not stop within 30 s of SIGTERM";
   ASSERT_FALSE(workers.empty()) << "the probe job never started";
   for (pid_t worker : workers) expect_dies(worker, "a probe worker outlived the killed doctor");
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "the doctor's wait status: " << status;

@@ -99,7 +99,9 @@ TEST(VisibleGpuCount, AListNeverCountsMoreGpusThanTheHostHas) {
   EXPECT_EQ(visible_gpu_count("", 4), 0);
   EXPECT_EQ(visible_gpu_count("-1", 4), 0);
   EXPECT_EQ(visible_gpu_count(nullptr, -1), 0);
-  if (visible_gpu_count() == 0) {
+  EXPECT_EQ(visible_gpu_count("MIG-a1,MIG-b2,MIG-c3", 1), 3);  // MIG instances share a GPU
+  const ScopedVariable unset("CUDA_VISIBLE_DEVICES", nullptr);
+  if (visible_gpu_count() == 0) {  // a host without GPUs, as CI's
     const ScopedVariable visible("CUDA_VISIBLE_DEVICES", "0,1");
     EXPECT_EQ(visible_gpu_count(), 0) << "this host lists no GPU, whatever CUDA_VISIBLE_DEVICES says";
   }
