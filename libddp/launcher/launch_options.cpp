@@ -245,7 +245,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args, bool& h
                                          options.nnodes));
     }
     options.master_addr = "127.0.0.1";
-    options.master_port = free_port();
+    options.master_port = 0;  // each attempt reserves its own (ReservedPort)
   } else if (!node_options_given) {
     // srun starts one ddprun per node with no node options: SLURM knows them.
     const auto slurm = slurm_placement([](const std::string& name) -> std::optional<std::string> {

@@ -18,7 +18,7 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
+  int master_port = 29500;  ///< --standalone: 0, each attempt reserves a free one.
   bool standalone = false;
   int max_restarts = 0;
   std::string log_dir;  ///< Empty: worker output goes to the console.

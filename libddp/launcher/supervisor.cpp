@@ -58,6 +58,8 @@ struct Worker {
 struct Attempt {
   int restart_count = 0;
   int master_port = 0;
+  /// --standalone: the rendezvous port, held listening until rank 0 is started with the socket.
+  ReservedPort store_port;
   std::vector<Worker> workers;
   int first_failed = -1;  // rank of the worker that failed first
   int stop_signal = 0;    // a signal ddprun received and forwarded
@@ -94,10 +96,15 @@ std::vector<std::string> worker_environment(const LaunchOptions& options, const 
   if (!options.rdzv_id.empty()) owned.push_back("TORCHELASTIC_RUN_ID=" + options.rdzv_id);
   if (!options.rdzv_token.empty()) owned.push_back("DDP_RDZV_TOKEN=" + options.rdzv_token);
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) owned.push_back("OMP_NUM_THREADS=1");
+  if (worker.rank == 0 && attempt.store_port.fd() >= 0) {
+    owned.push_back(fmt::format("DDP_STORE_LISTEN_FD={}", attempt.store_port.fd()));
+  }
 
   const auto is_owned = [&](const std::string& name) {
-    return std::any_of(owned.begin(), owned.end(),
-                       [&](const std::string& item) { return item.compare(0, item.find('='), name) == 0; });
+    // A DDP_STORE_LISTEN_FD of ddprun's own environment names no socket of this job.
+    return name == "DDP_STORE_LISTEN_FD" || std::any_of(owned.begin(), owned.end(), [&](const std::string& item) {
+             return item.compare(0, item.find('='), name) == 0;
+           });
   };
   std::vector<std::string> env;
   for (char** entry = environ; *entry != nullptr; ++entry) {
@@ -147,6 +154,10 @@ void spawn(Worker& worker, const LaunchOptions& options, const Attempt& attempt,
     const int nothing = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (nothing < 0 || ::dup2(nothing, STDIN_FILENO) < 0) child_failed("stdin from /dev/null");
     ::signal(SIGPIPE, SIG_DFL);  // ddprun ignores it, and an ignored signal stays ignored across exec
+    // Rank 0's store serves on the reserved socket (DDP_STORE_LISTEN_FD): it stays open across exec.
+    if (worker.rank == 0 && attempt.store_port.fd() >= 0 && ::fcntl(attempt.store_port.fd(), F_SETFD, 0) != 0) {
+      child_failed("fcntl(F_SETFD) of the rendezvous socket");
+    }
     ::execvpe(argv[0], argv.data(), envp.data());
     std::fprintf(stderr, "ddprun: cannot execute %s: %s\n", argv[0], std::strerror(errno));
     ::_exit(127);
@@ -257,6 +268,9 @@ void run_attempt(const LaunchOptions& options, Attempt& attempt, int signal_fd, 
   }
   open_logs(options, attempt);
   for (auto& worker : attempt.workers) spawn(worker, options, attempt, worker_mask, keeper);
+  // Rank 0 holds the socket now. ddprun's copy would keep the port accepting connections nobody answers once
+  // rank 0 is gone (a survivor reading the store would wait for its timeout instead of being refused).
+  attempt.store_port.close();
 
   auto& workers = attempt.workers;
   bool tearing_down = false;
@@ -385,11 +399,13 @@ int supervise(const LaunchOptions& options) {
   // a SIGPIPE that kills ddprun without one.
   ::signal(SIGPIPE, SIG_IGN);
 
+  // --standalone: a port held from its pick until rank 0's store serves on it; a fresh one for each attempt.
+  ReservedPort store_port = options.standalone ? ReservedPort::on_loopback() : ReservedPort();
   const std::string source = options.slurm_job_id.empty() ? "" : " (from SLURM job " + options.slurm_job_id + ")";
-  std::fprintf(stderr, "ddprun: node %d of %d%s: starting ranks %d-%d of %d, rendezvous at %s:%d\n",
-               options.node_rank, options.nnodes, source.c_str(), options.node_rank * options.nproc_per_node,
+  std::fprintf(stderr, "ddprun: node %d of %d%s: starting ranks %d-%d of %d, rendezvous at %s:%d\n", options.node_rank,
+               options.nnodes, source.c_str(), options.node_rank * options.nproc_per_node,
                (options.node_rank + 1) * options.nproc_per_node - 1, options.nnodes * options.nproc_per_node,
-               options.master_addr.c_str(), options.master_port);
+               options.master_addr.c_str(), options.standalone ? store_port.port() : options.master_port);
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     std::fprintf(stderr,
                  "ddprun: OMP_NUM_THREADS is unset; setting it to 1 for each of the %d workers so they do not "
@@ -404,11 +420,11 @@ int supervise(const LaunchOptions& options) {
   spared.push_back(keeper.pid());
   become_subreaper();
   int exit_code = 0;
-  int master_port = options.master_port;
   for (int restart = 0;; ++restart) {
     Attempt attempt;
     attempt.restart_count = restart;
-    attempt.master_port = master_port;
+    attempt.master_port = options.standalone ? store_port.port() : options.master_port;
+    attempt.store_port = std::move(store_port);
     run_attempt(options, attempt, signal_fd, previous, keeper, spared);
     print_summary(options, attempt);
     if (attempt.stop_signal != 0) {
@@ -427,7 +443,7 @@ int supervise(const LaunchOptions& options) {
     }
     // A fresh rendezvous: with --standalone a new port, so a store of the
     // failed attempt that is still closing cannot be joined by mistake.
-    if (options.standalone) master_port = free_port();
+    if (options.standalone) store_port = ReservedPort::on_loopback();
     std::fprintf(stderr, "ddprun: restarting all %d local workers (restart %d of %d)\n", options.nproc_per_node,
                  restart + 1, options.max_restarts);
   }

@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -64,6 +66,11 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const Environment& env, std::chrono::
       serving.port = env.master_port;
       serving.run_id = env.run_id;
       serving.token = env.rdzv_token;
+      // Once only: a later init() in this process finds the socket closed with the first store.
+      static std::atomic<bool> listener_taken{false};
+      if (!listener_taken.exchange(true)) {
+        serving.listener = StoreServer::inherited_listener(std::getenv("DDP_STORE_LISTEN_FD"), env.master_port);
+      }
       server = std::make_shared<StoreServer>(std::move(serving));
     }
     store = c10::make_intrusive<StoreClient>(StoreClient::Address{env.master_addr, env.master_port},

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -353,9 +354,40 @@ struct StoreServer::State {
   }
 };
 
+int StoreServer::inherited_listener(const char* fd_text, std::uint16_t port) {
+  if (fd_text == nullptr || *fd_text == '\0') return -1;
+  char* end = nullptr;
+  const long fd = std::strtol(fd_text, &end, 10);
+  if (*end != '\0' || fd < 0 || fd > 65535) return -1;
+  int listening = 0;
+  socklen_t size = sizeof listening;
+  sockaddr_storage address{};
+  socklen_t length = sizeof address;
+  const int socket = static_cast<int>(fd);
+  if (::getsockopt(socket, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || listening == 0 ||
+      ::getsockname(socket, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    return -1;
+  }
+  std::uint16_t bound = 0;
+  if (address.ss_family == AF_INET) bound = ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
+  if (address.ss_family == AF_INET6) bound = ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port);
+  return bound == port ? socket : -1;
+}
+
 StoreServer::StoreServer(Options options) : state_(std::make_unique<State>()) {
   state_->options = std::move(options);
-  state_->listener = listen_on(state_->options.host, state_->options.port);
+  if (state_->options.listener >= 0) {
+    // Taken over: this process's own from now on, non-blocking as the loop needs it, and not for its children.
+    state_->listener = state_->options.listener;
+    const int flags = ::fcntl(state_->listener, F_GETFL);
+    if (flags < 0 || ::fcntl(state_->listener, F_SETFL, flags | O_NONBLOCK) != 0 ||
+        ::fcntl(state_->listener, F_SETFD, FD_CLOEXEC) != 0) {
+      ::close(state_->listener);
+      throw Error(fmt::format("cannot take over the store's socket: {}", std::strerror(errno)));
+    }
+  } else {
+    state_->listener = listen_on(state_->options.host, state_->options.port);
+  }
   if (::pipe2(state_->wake, O_CLOEXEC) != 0) {
     ::close(state_->listener);
     throw Error(fmt::format("pipe2 failed: {}", std::strerror(errno)));

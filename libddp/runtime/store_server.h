@@ -24,7 +24,17 @@ class StoreServer {
     /// What every client must present. Empty: the store is on loopback, and
     /// only processes of this process's user are let in (socket_peer_owner).
     std::string token;
+    /// A socket already listening at `port` to serve on, taken over (see
+    /// inherited_listener); -1: listen on `host` and `port` here.
+    int listener = -1;
   };
+
+  /// The socket named by `fd_text` (DDP_STORE_LISTEN_FD, which ddprun
+  /// --standalone gives rank 0: the port it reserved, held listening since
+  /// its pick so that no other process could take it) if it is one listening
+  /// at `port`; else -1, and the store listens itself (a variable inherited
+  /// by a process that was not given the socket).
+  static int inherited_listener(const char* fd_text, std::uint16_t port);
 
   /// Listens at once (a busy port is an Error naming it) and serves until destroyed.
   explicit StoreServer(Options options);

@@ -1,5 +1,15 @@
 // Two ddprun instances as two nodes on loopback form one 4-rank Gloo job.
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "ddprun_runner.h"
@@ -51,6 +61,40 @@ TEST(DdprunTwoNodes, ANodeWithoutTheJobsTokenIsRefusedAtOnce) {
   EXPECT_EQ(result1.output.find("the-jobs-secret"), std::string::npos) << "the secret leaked: " << result1.output;
   EXPECT_EQ(result0.exit_code, 1) << result0.output;
   EXPECT_NE(result0.output.find("only 1 of 2 ranks arrived"), std::string::npos) << result0.output;
+}
+
+// --standalone: the port ddprun picks is held listening until rank 0's store serves on that very socket. (It was
+// released at the pick and bound again by rank 0: a process that took it in between, a connection's ephemeral
+// port say, made the job fail at rendezvous.) The workers wait 2 s before they start; meanwhile the port is taken.
+TEST(DdprunStandalone, TheRendezvousPortIsHeldFromItsPickUntilRankZeroServesOnIt) {
+  ScratchDir out;
+  const std::string dir = out.path();
+  const std::string wrapper = "echo $MASTER_PORT > " + dir + "/port_$RANK.partial && mv " + dir +
+                              "/port_$RANK.partial " + dir + "/port_$RANK && sleep 2 && exec " + ALLREDUCE_CHECK_PATH;
+  const DdprunProcess job = start_ddprun({"--standalone", "--nproc-per-node", "2", "/bin/sh", "-c", wrapper}, out,
+                                         {{"DDP_BACKEND", "gloo"}, {"OMP_NUM_THREADS", "1"}});
+  const std::string port_file = dir + "/port_0";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!std::filesystem::exists(port_file) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  int port = 0;
+  std::ifstream(port_file) >> port;
+  ASSERT_GT(port, 0) << "rank 0 never wrote its MASTER_PORT";
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<std::uint16_t>(port));
+  const int reuse = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &reuse, sizeof(reuse));
+  const bool taken = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  ::close(fd);
+  EXPECT_FALSE(taken) << "another process could bind the rendezvous port " << port << " before rank 0's store";
+  const DdprunResult result = wait_ddprun(job, std::chrono::seconds(60));
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("allreduce_check: rank 1 of 2: sum 3, expected 3: correct"), std::string::npos)
+      << result.output;
 }
 
 }  // namespace
