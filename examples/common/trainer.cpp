@@ -192,6 +192,18 @@ double Trainer::run(const TrainingCallbacks& callbacks) {
   const int rank = process_group_->rank();
   const c10::Device device = process_group_->device();
   const bool resuming = options_.resume && checkpoint_exists(options_.checkpoint, options_.checkpoint_format);
+  if (options_.resume) {
+    // Every rank reads the checkpoint itself: ranks that disagree on whether there is one run different collectives.
+    at::Tensor seeing = at::full({1}, resuming ? 1 : 0, at::TensorOptions().dtype(at::kLong).device(device));
+    process_group_->communicator().all_reduce(seeing, ddp::ReduceOp::kSum)->wait();
+    const std::int64_t ranks = seeing.cpu().item<std::int64_t>();
+    if (ranks != 0 && ranks != process_group_->world_size()) {
+      throw ddp::UsageError(fmt::format(
+          "--resume: the checkpoint {} exists for {} of {} ranks (rank {} {} it); every rank must see the same "
+          "checkpoint (a shared filesystem), or none to start afresh",
+          options_.checkpoint, ranks, process_group_->world_size(), rank, resuming ? "sees" : "does not see"));
+    }
+  }
   if (!options_.checkpoint.empty()) {
     check_checkpoint_writable(*process_group_, options_.checkpoint, options_.checkpoint_format);
   }

@@ -259,4 +259,20 @@ TEST(Examples, RanksGivenDifferentFlagsAreRefusedNamingTheFlag) {
   EXPECT_EQ(result.output.find("terminate called"), std::string::npos) << result.output;
 }
 
+// --resume where only some ranks see the checkpoint (no shared filesystem): those ranks loaded it and the others
+// started afresh, running different collectives. Now every rank stops first, saying how many saw it.
+TEST(Examples, ACheckpointThatOnlySomeRanksSeeIsRefused) {
+  ScratchDir scratch;
+  const std::string checkpoint = scratch.path() + "/ckpt_1.pt";
+  const auto first = train(TRAIN_LLAMA, with(kLlama, {"--steps", "2", "--checkpoint", checkpoint}), scratch);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  std::string command = std::string("exec ") + TRAIN_LLAMA;
+  for (const std::string& arg : kLlama) command += " " + arg;
+  command += " --steps 4 --resume --checkpoint " + scratch.path() + "/ckpt_$RANK.pt";
+  const auto result = train("/bin/sh", {"-c", command}, scratch);
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_NE(result.output.find("exists for 1 of 2 ranks (rank 0 does not see it)"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("resumed from"), std::string::npos) << result.output;
+}
+
 }  // namespace
