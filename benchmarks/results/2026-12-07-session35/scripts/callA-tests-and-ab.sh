@@ -20,14 +20,14 @@ echo "build at $SECONDS s"
 echo "ctest rc=$? at $SECONDS s"
 grep -E "tests passed|tests failed|Total Test time|\(Failed\)|Timeout|\*\*\*" "$OUT/ctest.log" | head -20
 bin=$(find build/gpu -name ddp_float8_gpu_tests -type f | head -1)
-cp libddp/optim/fused_adamw.cpp libddp/float8/weight_cast.cpp /tmp/
+cp libddp/optim/fused_adamw.cpp libddp/float8/weight_cast.h /tmp/
 sed -i 's|for (const auto& \[weight, target\] : capture_->recorded_casts) target->before_replay(weight);|(void)0;|' \
   libddp/optim/fused_adamw.cpp
-sed -i 's| \&\& weight._version() == version_;|;|' libddp/float8/weight_cast.cpp
+sed -i 's| \&\& weight._version() == version_;|;|' libddp/float8/weight_cast.h
 timeout 120 cmake --build build/gpu --target ddp_float8_gpu_tests > /tmp/broken-build.log 2>&1 || tail -20 /tmp/broken-build.log
 timeout 60 $bin --gtest_filter='Float8WeightCast.*' > "$OUT/broken-variants.log" 2>&1
 echo "broken variants rc=$? at $SECONDS s (must be nonzero)"; grep -E "^\[  (FAILED|     OK|  PASSED)" "$OUT/broken-variants.log" | head
-cp /tmp/fused_adamw.cpp libddp/optim/fused_adamw.cpp; cp /tmp/weight_cast.cpp libddp/float8/weight_cast.cpp
+cp /tmp/fused_adamw.cpp libddp/optim/fused_adamw.cpp; cp /tmp/weight_cast.h libddp/float8/weight_cast.h
 timeout 120 cmake --build build/gpu --target scaling_bench ddprun > /tmp/rebuild.log 2>&1 || tail -5 /tmp/rebuild.log
 if (( SECONDS < 330 )); then
   timeout $((590 - SECONDS)) bash benchmarks/scripts/ab_patch.sh $here/optimizer-weight-casts.patch --reverse --profile \
