@@ -68,6 +68,7 @@ namespace detail {
 struct Float8LinearAccess;
 struct Float8LinearState;
 class SharedInputCast;
+class OptimizerWrittenWeightCopy;
 }  // namespace detail
 
 /// A drop-in for torch::nn::Linear whose matmuls run in FP8 on sm_89+ GPUs:
@@ -141,6 +142,7 @@ class DDP_API Float8LinearImpl : public torch::nn::Cloneable<Float8LinearImpl> {
 
   std::shared_ptr<detail::Float8LinearState> state_;
   std::shared_ptr<detail::SharedInputCast> shared_input_;
+  std::shared_ptr<detail::OptimizerWrittenWeightCopy> weight_copy_;  // the bf16 copy the optimizer writes
 };
 /// The module holder of Float8LinearImpl, used as torch::nn::Linear is.
 TORCH_MODULE(Float8Linear);

@@ -14,7 +14,6 @@
 namespace ddp::detail {
 namespace {
 
-using float8_tiles::abs_bits;
 using float8_tiles::at_least_min_amax;
 using float8_tiles::check_scalar;
 

@@ -18,6 +18,10 @@
 #include "float8/linear_state.h"
 #include "float8/scaling.h"
 #include "float8/support.h"
+#ifdef DDP_WITH_CUDA_KERNELS
+#include "float8/weight_cast.h"
+#include "optim/weight_casts.h"
+#endif
 
 namespace ddp {
 namespace detail {
@@ -33,6 +37,9 @@ std::shared_ptr<Float8LinearState> make_float8_state(const Float8Options& option
   state->weight = TensorScaling(options, at::kFloat8_e4m3fn, device);
   state->grad_output = TensorScaling(options, at::kFloat8_e5m2, device);
   state->device = device;
+#ifdef DDP_WITH_CUDA_KERNELS
+  if (state->weight.delayed()) state->weight_cast = std::make_shared<OptimizerWrittenWeightCast>(state->weight);
+#endif
   return state;
 #else
   (void)options;
@@ -82,6 +89,20 @@ Float8Tensor cast_grad_output(const at::Tensor& grad_output, TensorScaling& scal
   return scaling.cast(grad_output.reshape({-1, out_features}).contiguous(), with_transposed, with_data);
 }
 
+/// W [N, K]: the cast the fused optimizer wrote as it last updated W, or the
+/// layer's own; data.t() [K, N] is W^T column-major, y's second operand;
+/// transposed [K, N] is W column-major, the second operand of dX = dY W.
+Float8Tensor cast_weight(const at::Tensor& weight, Float8LinearState* state, bool with_transposed) {
+#ifdef DDP_WITH_CUDA_KERNELS
+  if (state->weight_cast) {
+    if (std::optional<Float8Tensor> written = state->weight_cast->take(weight)) return *std::move(written);
+    // None waits: asks the optimizer (FusedAdamW) to write the next one.
+    set_weight_cast_target(weight, state->weight_cast);
+  }
+#endif
+  return state->weight.cast(weight, with_transposed);
+}
+
 /// y = x W^T with x and W in E4M3; backward with the output gradient in
 /// E5M2. The bias is added outside, by ordinary autograd: custom functions
 /// take no undefined inputs, and LLaMA-style layers have none.
@@ -99,9 +120,7 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
                             const at::Tensor& weight, Float8LinearState* state, SharedInputCast* shared_input,
                             bool fast_accumulation, bool input_needs_grad, bool weight_needs_grad) {
     const Float8Tensor input8 = cast_input(input, state, shared_input, /*with_transposed=*/weight_needs_grad);
-    // W [N, K]: data.t() [K, N] is W^T column-major, y's second operand;
-    // transposed [K, N] is W column-major, the second operand of dX = dY W.
-    const Float8Tensor weight8 = state->weight.cast(weight, /*with_transposed=*/input_needs_grad);
+    const Float8Tensor weight8 = cast_weight(weight, state, /*with_transposed=*/input_needs_grad);
     // y = x W^T: [M, K] x [K, N].
     const at::Tensor output = scaled_mm(input8.data, input8.inverse_scale, weight8.data.t(), weight8.inverse_scale,
                                         at::kBFloat16, fast_accumulation);
@@ -153,6 +172,20 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
 #endif
 
 #if DDP_TORCH_HAS_MM_OUT_DTYPE
+/// W in `dtype`: the bf16 copy the fused optimizer wrote as it last updated
+/// W (the same bytes), or W converted here.
+at::Tensor cast_weight_to(const at::Tensor& weight, c10::ScalarType dtype,
+                          [[maybe_unused]] const std::shared_ptr<OptimizerWrittenWeightCopy>& weight_copy) {
+#ifdef DDP_WITH_CUDA_KERNELS
+  if (weight_copy && dtype == at::kBFloat16) {
+    if (std::optional<at::Tensor> written = weight_copy->take(weight)) return *std::move(written);
+    // None written for W as it is: asks the optimizer (FusedAdamW) to write the next one.
+    set_weight_cast_target(weight, weight_copy);
+  }
+#endif
+  return weight.to(dtype);
+}
+
 /// y = x W^T + b as CUDA autocast computes it (x, W and b rounded to the
 /// autocast dtype, products accumulated in fp32, y rounded), except for the
 /// weight and bias gradients, which leave their GEMM and sum in fp32: under
@@ -165,12 +198,14 @@ struct Float8LinearFunction : public torch::autograd::Function<Float8LinearFunct
 struct AutocastLinearFunction : public torch::autograd::Function<AutocastLinearFunction> {
   /// input_needs_grad / weight_needs_grad: whether backward will compute
   /// that gradient (grad mode is off in here, so the caller says).
+  /// weight_copy: the layer's bf16 copy written by the optimizer, or null.
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
                             const at::Tensor& weight, at::TensorList bias, c10::ScalarType compute_dtype,
-                            bool input_needs_grad, bool weight_needs_grad) {
+                            std::shared_ptr<OptimizerWrittenWeightCopy> weight_copy, bool input_needs_grad,
+                            bool weight_needs_grad) {
     const int64_t in_features = weight.size(1);
     const at::Tensor rows = input.to(compute_dtype).reshape({-1, in_features});
-    const at::Tensor weight_cast = weight.to(compute_dtype);
+    const at::Tensor weight_cast = cast_weight_to(weight, compute_dtype, weight_copy);
     const at::Tensor output =
         bias.empty() ? at::mm(rows, weight_cast.t()) : at::addmm(bias[0].to(compute_dtype), rows, weight_cast.t());
     context->save_for_backward(
@@ -201,7 +236,7 @@ struct AutocastLinearFunction : public torch::autograd::Function<AutocastLinearF
     if (with_bias) grad_bias = grad_rows.sum(0, /*keepdim=*/false, at::kFloat);
     torch::autograd::variable_list grads{grad_input, grad_weight};
     if (with_bias) grads.push_back(grad_bias);
-    grads.resize(grads.size() + 3);  // compute_dtype, input_needs_grad, weight_needs_grad
+    grads.resize(grads.size() + 4);  // compute_dtype, weight_copy, input_needs_grad, weight_needs_grad
     return grads;
   }
 };
@@ -244,6 +279,7 @@ void Float8LinearImpl::reset() {
   reset_parameters();
   state_.reset();
   shared_input_.reset();
+  weight_copy_.reset();
 }
 
 void Float8LinearImpl::reset_parameters() {
@@ -285,9 +321,12 @@ at::Tensor Float8LinearImpl::forward(const at::Tensor& input) {
     if (detail::computes_fp32_weight_gradients(*this, input)) {
       const std::vector<at::Tensor> bias_list =
           bias.defined() ? std::vector<at::Tensor>{bias} : std::vector<at::Tensor>{};
+#ifdef DDP_WITH_CUDA_KERNELS
+      if (!weight_copy_) weight_copy_ = std::make_shared<detail::OptimizerWrittenWeightCopy>();
+#endif
       return detail::AutocastLinearFunction::apply(input, weight, at::TensorList(bias_list),
-                                                   compat::autocast_dtype(c10::DeviceType::CUDA), input.requires_grad(),
-                                                   weight.requires_grad());
+                                                   compat::autocast_dtype(c10::DeviceType::CUDA), weight_copy_,
+                                                   input.requires_grad(), weight.requires_grad());
     }
 #endif
     return torch::nn::functional::linear(input, weight, bias);

@@ -21,6 +21,8 @@ class OutputArchive;
 
 namespace ddp::detail {
 
+class OptimizerWrittenWeightCast;
+
 /// The scaling of the three tensors a Float8Linear casts, and the device it
 /// was checked to run FP8 on.
 struct Float8LinearState {
@@ -28,6 +30,9 @@ struct Float8LinearState {
   TensorScaling weight;
   TensorScaling grad_output;
   c10::Device device{c10::kCPU};
+  /// Delayed scaling with libddp's CUDA kernels: the weight's cast the fused
+  /// optimizer writes (float8/weight_cast.h); null otherwise.
+  std::shared_ptr<OptimizerWrittenWeightCast> weight_cast;
 
   /// The roles' names, the keys of their checkpoint entries.
   static constexpr std::array<const char*, 3> kRoles{"input", "weight", "grad_output"};

@@ -76,7 +76,10 @@ void all_reduce_amaxes(torch::nn::Module& model, ProcessGroup& process_group) {
   // that the histories, and the scales, stay the same on every rank.
   std::vector<at::Tensor> pending;
   pending.reserve(scalings.size());
-  for (detail::TensorScaling* scaling : scalings) pending.push_back(scaling->pending_amax());
+  for (detail::TensorScaling* scaling : scalings) {
+    scaling->withdraw_weight_cast();  // its amax is no cast's yet: the forward that takes it has not run
+    pending.push_back(scaling->pending_amax());
+  }
   Communicator& communicator = process_group.communicator();
   at::Tensor amaxes = at::stack(pending).to(communicator.device());
   communicator.all_reduce(amaxes, ReduceOp::kMax)->wait_stream();

@@ -42,10 +42,6 @@
 namespace ddp::detail {
 namespace {
 
-using float8_tiles::abs_bits;
-using float8_tiles::to_float8x4;
-using float8_tiles::transpose_4x4_bytes;
-
 constexpr int kStripRows = 32;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;

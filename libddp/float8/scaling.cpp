@@ -166,7 +166,32 @@ std::optional<Float8Tensor> TensorScaling::take_offered(const at::Tensor& tensor
   return offered;
 }
 
+bool TensorScaling::prepare_weight_cast(Float8Tensor& into) {
+  TORCH_CHECK(delayed(),
+              "TensorScaling::prepare_weight_cast: a weight cast written by the optimizer needs delayed scaling");
+  withdraw_weight_cast();
+  if (state_->amax_pending) return false;
+  // After a commit pending_amax is zero: the step max-accumulates into it.
+  into.amax = state_->pending_amax;
+  into.scale = state_->scale;
+  return true;
+}
+
+bool TensorScaling::take_weight_cast() {
+  if (!weight_cast_offered() || state_->amax_pending) return false;
+  state_->weight_cast_offered = false;
+  state_->amax_pending = true;
+  return true;
+}
+
+void TensorScaling::withdraw_weight_cast() {
+  if (!weight_cast_offered()) return;
+  state_->pending_amax.zero_();
+  state_->weight_cast_offered = false;
+}
+
 void TensorScaling::commit_pending_amax() {
+  withdraw_weight_cast();
   if (amax_pending()) commit_pending_amaxes({this});
 }
 
@@ -210,6 +235,7 @@ void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& sca
     // Two blocks of one launch must never update the same history.
     TORCH_CHECK(states.insert(scaling->state_.get()).second,
                 "commit_pending_amaxes: the same delayed scaling is listed twice");
+    scaling->withdraw_weight_cast();
     if (amaxes.defined() || scaling->state_->amax_pending) committed.push_back(scaling->state_.get());
   }
   TORCH_CHECK(!amaxes.defined() || amaxes.numel() == static_cast<int64_t>(committed.size()),
@@ -238,6 +264,7 @@ void TensorScaling::commit_pending_amaxes(const std::vector<TensorScaling*>& sca
 
 void TensorScaling::to(const c10::Device& device) {
   if (!delayed()) return;
+  withdraw_weight_cast();
   state_->offered_for.reset();  // a cast on the old device
   state_->offered = Float8Tensor{};
   state_->amax_history = state_->amax_history.to(device);
@@ -251,7 +278,9 @@ TensorScaling TensorScaling::with_copied_state() const {
   auto state = c10::make_intrusive<DelayedScalingState>();
   state->amax_history = state_->amax_history.clone();
   state->scale = state_->scale.clone();
-  state->pending_amax = state_->pending_amax.clone();
+  // An untaken weight cast's amax is no cast's yet (its flag stays here).
+  state->pending_amax =
+      state_->weight_cast_offered ? at::zeros_like(state_->pending_amax) : state_->pending_amax.clone();
   state->amax_pending = state_->amax_pending;
   state->scale_target = state_->scale_target;
   state->use_max = state_->use_max;

@@ -29,6 +29,11 @@ struct DelayedScalingState : torch::CustomClassHolder {
   // so that its address cannot pass for another tensor's meanwhile.
   at::Tensor offered_for;
   Float8Tensor offered;
+  // A weight's cast that the optimizer wrote as it updated the weight
+  // (float8/weight_cast.h), not yet taken by a forward: its amax is in
+  // pending_amax but not pending (amax_pending false), so that a checkpoint
+  // or a commit before the forward sees no cast the forward has not done.
+  bool weight_cast_offered = false;
 };
 
 /// The scaling of one tensor role of a layer (input, weight or output
@@ -71,8 +76,28 @@ class TensorScaling {
   /// what the fused kernel returned (the offer is dropped).
   std::optional<Float8Tensor> take_offered(const at::Tensor& tensor, const char* role);
 
+  // The weight's cast written by the optimizer (float8/weight_cast.h), in
+  // three steps: prepare_weight_cast() before the step, weight_cast_written()
+  // after it, take_weight_cast() in the next forward; withdraw_weight_cast()
+  // where anything else comes first.
+
+  /// Points `into` (data and transposed allocated by the caller) at the
+  /// scale to cast with and the amax to accumulate into, withdrawing an
+  /// untaken cast first. False where an amax is pending: then the forward's
+  /// cast would commit it first and see another scale (an iteration that
+  /// commits its amaxes after the optimizer step).
+  bool prepare_weight_cast(Float8Tensor& into);
+  void weight_cast_written() { state_->weight_cast_offered = true; }
+  /// Whether a written cast waits; takes it, its amax becoming pending as a
+  /// cast's does.
+  bool take_weight_cast();
+  /// Drops a written cast that no forward took: its amax leaves pending_amax.
+  void withdraw_weight_cast();
+  bool weight_cast_offered() const { return delayed() && state_->weight_cast_offered; }
+
   /// Delayed scaling: enters a pending amax into the history and recomputes
-  /// the scale; no-op when none is pending, or under current scaling.
+  /// the scale (withdrawing an untaken weight cast first); no-op when none is
+  /// pending, or under current scaling.
   void commit_pending_amax();
   /// Delayed scaling: the newest entry of the amax history (a view), after
   /// committing a pending amax; and the recomputation of the scale from the

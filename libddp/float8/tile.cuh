@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/float8_bytes.cuh"
 #include "cuda/float_conversions.cuh"
 #include "cuda/packs.cuh"
 #include "cuda/warp_reduce.cuh"
@@ -54,36 +55,8 @@ __host__ __device__ constexpr int tile_rows() {
 // the transposing reads (8 rows x 4 words per warp) hit 32 different banks.
 constexpr int kTileStrideWords = kTile / 4 + 1;
 
-/// |x| as int bits: for non-negative floats (NaN included, after fabsf) the
-/// integer order is the float order, so integer max and atomicMax give the
-/// amax, NaN winning as in ATen's reductions.
-__device__ __forceinline__ int abs_bits(float x) { return __float_as_int(fabsf(x)); }
-
 /// ATen's clamp_min: a NaN amax stays NaN (fmaxf would replace it).
 __device__ __forceinline__ float at_least_min_amax(float amax) { return amax < kFloat8MinAmax ? kFloat8MinAmax : amax; }
-
-template <__nv_fp8_interpretation_t kFormat>
-__device__ __forceinline__ uint32_t to_float8x4(float a, float b, float c, float d) {
-  // Rounds to nearest even; SATFINITE maps overflow (infinities included) to
-  // the largest finite value and keeps NaN, so the kernel clamps nothing
-  // itself. The first value lands in the lowest byte.
-  const uint32_t low = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, kFormat);
-  const uint32_t high = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, kFormat);
-  return low | (high << 16);
-}
-
-/// A 4 x 4 block of bytes transposed: the words of 4 rows (byte i of a word
-/// being column i) become the words of its 4 columns (byte i being row i).
-__device__ __forceinline__ void transpose_4x4_bytes(const uint32_t (&rows)[4], uint32_t (&columns)[4]) {
-  const uint32_t lo01 = __byte_perm(rows[0], rows[1], 0x5140);  // bytes 0 and 1 of rows 0 and 1, interleaved
-  const uint32_t hi01 = __byte_perm(rows[0], rows[1], 0x7362);  // bytes 2 and 3
-  const uint32_t lo23 = __byte_perm(rows[2], rows[3], 0x5140);
-  const uint32_t hi23 = __byte_perm(rows[2], rows[3], 0x7362);
-  columns[0] = __byte_perm(lo01, lo23, 0x5410);
-  columns[1] = __byte_perm(lo01, lo23, 0x7632);
-  columns[2] = __byte_perm(hi01, hi23, 0x5410);
-  columns[3] = __byte_perm(hi01, hi23, 0x7632);
-}
 
 /// A Float8Tensor as the kernel sees it: null pointers are not written.
 /// scale_from_amax: `scale_source` is the amax, and the kernel writes the

@@ -17,9 +17,9 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_check.h"
+#include "cuda/float8_bytes.cuh"
 #include "cuda/packs.cuh"
 #include "float8/kernels.h"
-#include "float8/tile.cuh"
 
 namespace ddp::detail {
 namespace {
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 4; ++r) in[r] = tile[(4 * block_row + r) * kStrideWords + block_col];
   uint32_t columns[4];
-  float8_tiles::transpose_4x4_bytes(in, columns);
+  transpose_4x4_bytes(in, columns);
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
     *reinterpret_cast<uint32_t*>(transposed + (col0 + 4 * block_col + c) * rows + row) = columns[c];

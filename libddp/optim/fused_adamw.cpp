@@ -1,5 +1,6 @@
 #include <ddp/optim.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <tuple>
@@ -12,7 +13,9 @@
 #include "compat/torch_compat.h"
 #include "optim/fused_step.h"
 #ifdef DDP_WITH_CUDA_KERNELS
+#include "cuda/alignment.h"
 #include "optim/adamw_segments.h"
+#include "optim/weight_casts.h"
 #endif
 
 namespace ddp::optim {
@@ -37,13 +40,40 @@ bool own_kernel_takes(const Lists& list) {
   return true;
 }
 
+using WeightCasts = std::vector<std::pair<at::Tensor, std::shared_ptr<ddp::detail::WeightCastTarget>>>;
+
+/// Where the step writes the cast of `param` that a layer asked for
+/// (optim/weight_casts.h) into `segment`, and the target into `casts`. A
+/// step a found inf skips writes the cast all the same (of the weight as it
+/// stays).
+void attach_weight_cast(const at::Tensor& param, ddp::detail::AdamWSegment& segment, WeightCasts& casts) {
+  std::shared_ptr<ddp::detail::WeightCastTarget> target = ddp::detail::weight_cast_target(param);
+  if (!target) return;
+  // Asked even where the kernel cannot write the cast: the weight changes,
+  // and the target drops the cast it holds of it.
+  std::optional<ddp::detail::WeightCast> cast = target->before_update(param);
+  if (!cast) return;
+  if (cast->float8.data != nullptr) {
+    // The FP8 tiles take 16-byte loads of every array.
+    for (const void* array :
+         {static_cast<const void*>(segment.param), static_cast<const void*>(segment.grad),
+          static_cast<const void*>(segment.exp_avg), static_cast<const void*>(segment.exp_avg_sq)}) {
+      if (!ddp::detail::aligned(array, 16)) return;
+    }
+  }
+  segment.cast = *cast;
+  casts.emplace_back(param, std::move(target));
+}
+
 /// libddp's AdamW kernel over `list` (own_kernel_takes), with `steps` the
 /// device step counts in the list's order and `lr` a number or, capturable,
-/// a 0-dim device tensor.
+/// a 0-dim device tensor; it writes the weight casts layers asked for and
+/// adds their weights to `casts`.
 template <typename LearningRate>
 void own_kernel_step(const Lists& list, const at::Tensor& steps, const LearningRate& lr,
-                     const torch::optim::AdamWOptions& options, const at::Tensor& found_inf) {
+                     const torch::optim::AdamWOptions& options, const at::Tensor& found_inf, WeightCasts& casts) {
   std::vector<ddp::detail::AdamWSegment> segments(list.params.size());
+  const std::size_t first_cast = casts.size();
   for (std::size_t i = 0; i < segments.size(); ++i) {
     auto& segment = segments[i];
     segment.param = list.params[i].data_ptr<float>();
@@ -52,6 +82,7 @@ void own_kernel_step(const Lists& list, const at::Tensor& steps, const LearningR
     segment.grad = list.grads[i].data_ptr<float>();
     segment.step = steps.data_ptr<float>() + i;
     segment.numel = list.params[i].numel();
+    attach_weight_cast(list.params[i], segment, casts);
   }
   ddp::detail::AdamWHyper hyper;
   if constexpr (std::is_same_v<LearningRate, double>) {
@@ -65,6 +96,7 @@ void own_kernel_step(const Lists& list, const at::Tensor& steps, const LearningR
   hyper.eps = static_cast<float>(options.eps());
   hyper.found_inf = found_inf.defined() ? found_inf.data_ptr<float>() : nullptr;
   ddp::detail::adamw_segments_step(std::move(segments), hyper, list.params.front().device());
+  for (std::size_t i = first_cast; i < casts.size(); ++i) casts[i].second->after_update(casts[i].first);
 }
 #endif
 
@@ -74,6 +106,9 @@ void FusedAdamW::prepare_replay() {
   if (!capture_) return;
   capture_->learning_rates.refresh(param_groups_);
   capture_->host_counts_stale = !capture_->recorded.empty();
+#ifdef DDP_WITH_CUDA_KERNELS
+  for (const auto& [weight, target] : capture_->recorded_casts) target->before_replay(weight);
+#endif
 }
 
 bool FusedAdamW::fused() const {
@@ -125,6 +160,9 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
     sync_host_state();
     capture_->recorded.clear();
   }
+#ifdef DDP_WITH_CUDA_KERNELS
+  WeightCasts casts;  // the weights whose casts this step writes
+#endif
   for (std::size_t group_index = 0; group_index < param_groups_.size(); ++group_index) {
     auto& group = param_groups_[group_index];
     const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -190,7 +228,7 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
       const auto run = [&, &list = list, beta1 = beta1, beta2 = beta2](const auto& lr) {
 #ifdef DDP_WITH_CUDA_KERNELS
         if (own_kernel_takes(list)) {
-          own_kernel_step(list, steps, lr, options, found_inf);
+          own_kernel_step(list, steps, lr, options, found_inf, casts);
           return;
         }
 #endif
@@ -205,6 +243,19 @@ void FusedAdamW::fused_step([[maybe_unused]] const at::Tensor& found_inf) {
       if (found_inf.defined()) steps.sub_(found_inf);
     }
   }
+#ifdef DDP_WITH_CUDA_KERNELS
+  if (capturing) {
+    // Kept through eager steps between replays (the graph still reads the
+    // casts), and through a recording anew (a cast of a weight that graph
+    // does not read is written again harmlessly).
+    for (auto& cast : casts) {
+      auto& recorded = capture_->recorded_casts;
+      const bool known = std::any_of(recorded.begin(), recorded.end(),
+                                     [&](const auto& entry) { return entry.first.is_same(cast.first); });
+      if (!known) recorded.push_back(std::move(cast));
+    }
+  }
+#endif
 #endif
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <string>
@@ -17,6 +18,10 @@
 #include <torch/optim/optimizer.h>
 
 #include "compat/torch_compat.h"
+
+namespace ddp::detail {
+class WeightCastTarget;
+}  // namespace ddp::detail
 
 namespace ddp::optim::detail {
 
@@ -77,6 +82,9 @@ struct CaptureState {
   // advanced them since the host last read them.
   std::vector<RecordedCounts> recorded;
   bool host_counts_stale = false;
+  /// The weights whose casts recorded steps write (optim/weight_casts.h),
+  /// each once, refreshed before each replay.
+  std::vector<std::pair<at::Tensor, std::shared_ptr<ddp::detail::WeightCastTarget>>> recorded_casts;
 };
 
 /// Whether `states` holds an entry for every parameter of `group` that has a gradient.

@@ -14,7 +14,7 @@ ALLOWED = {
     "launcher": set(),
     "optim": {"compat", "cuda"},
     "precision": {"compat", "float8/support.h", "cuda/stream_capture.h"},
-    "float8": {"compat", "cuda", "rmsnorm/autograd.h", "rmsnorm/backward_kernel.cuh"},
+    "float8": {"compat", "cuda", "rmsnorm/autograd.h", "rmsnorm/backward_kernel.cuh", "optim/weight_casts.h"},
     "comm": {"compat", "cuda"},
     "runtime": {"comm", "compat"},
     "doctor": set(),

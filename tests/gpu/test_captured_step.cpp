@@ -80,6 +80,14 @@ TEST(CapturedStep, Float8DelayedScalingInsideTheGraph) {
   expect_captured_matches_eager(CapturedScenario().float8(true), "fp8 delayed scaling");
 }
 
+// A step the GradScaler skips inside the graph still writes the FP8 casts
+// of the weights (as they stay) that the next replay's forward reads.
+TEST(CapturedStep, Float8WithGradScalerSkippingAStepInsideTheGraph) {
+  DDP_SKIP_WITHOUT_FLOAT8();
+  expect_captured_matches_eager(CapturedScenario().float8(true).grad_scaler(true).inf_steps({5}),
+                                "fp8 delayed scaling + GradScaler", 65536.0 / 2, 8 - 1);
+}
+
 TEST(CapturedStep, ShardedOptimizerInsideTheGraph) {
   expect_captured_matches_eager(CapturedScenario().sharding(ddp::Sharding::kOptimizer), "ZeRO-1");
 }
