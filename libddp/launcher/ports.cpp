@@ -14,20 +14,7 @@
 
 namespace ddp::launcher {
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    if (fd >= 0) ::close(fd);
-    throw std::runtime_error(fmt::format("ddprun: cannot find a free port: {}", std::strerror(errno)));
-  }
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
+int free_port() { return ReservedPort::on_loopback().port(); }
 
 ReservedPort ReservedPort::on_loopback() {
   ReservedPort reserved;

@@ -2,7 +2,7 @@
 
 namespace ddp::launcher {
 
-/// A TCP port that is free on this host now, picked by the kernel. Another
+/// A loopback port that is free on this host now, picked by the kernel. Another
 /// process may take it before it is used: a job's rendezvous reserves its port.
 int free_port();
 
