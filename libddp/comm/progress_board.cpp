@@ -15,6 +15,8 @@
 
 #include <ddp/errors.h>
 
+#include "comm/store_server_gone.h"
+
 namespace ddp::detail {
 namespace {
 
@@ -84,10 +86,17 @@ std::string ProgressBoard::describe_peers(std::uint64_t sequence, const std::str
       throw std::runtime_error(fmt::format("no answer within {} s", kReportDeadline.count()));
     }
     records = future.get();
+  } catch (const StoreServerGone& e) {
+    // Rank 0 may have failed first, or left after reporting another rank's
+    // failure: its own report (or ddprun's) says which.
+    return fmt::format(
+        "\n  the rendezvous store, which rank 0 serves at MASTER_ADDR:MASTER_PORT, is gone: rank 0 has exited, "
+        "so the other ranks' progress cannot be read here; rank 0's report, or ddprun's, says why it exited ({})",
+        first_line_of(e));
   } catch (const std::exception& e) {
     return fmt::format(
         "\n  the rendezvous store, which rank 0 serves at MASTER_ADDR:MASTER_PORT, did not answer: rank 0 is "
-        "stopped, hung or has exited, and is the suspect ({})",
+        "stopped or hung, and is the suspect ({})",
         first_line_of(e));
   }
   std::string lines;

@@ -41,7 +41,8 @@ class ProgressBoard {
   /// `sequence` (named `op`) of this rank. When `conclusive` (the collective
   /// timed out, so published progress is far fresher than the failure) it
   /// also names the ranks that are behind or diverged. When the store does
-  /// not answer in time, it names rank 0, which serves it, as the suspect.
+  /// not answer in time, it names rank 0, which serves it, as the suspect;
+  /// when nothing serves it any more, it says that rank 0 has exited.
   std::string describe_peers(std::uint64_t sequence, const std::string& op, bool conclusive) const;
 
  private:

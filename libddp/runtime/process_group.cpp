@@ -101,8 +101,10 @@ bool choose_copy_engine_reductions(const InitOptions& options, Backend backend, 
 }
 
 /// How long a failing rank's report waits for the store: a few seconds, so
-/// that a stopped rank 0 (which serves it) is named soon after the timeout.
-constexpr std::chrono::seconds kReportStoreTimeout{5};
+/// that a stopped rank 0 (which serves it) is named soon after the timeout;
+/// under the report's own deadline (5 s), so that a store nothing serves any
+/// more (connections refused till then) is told from one that stopped.
+constexpr std::chrono::seconds kReportStoreTimeout{3};
 
 void check_backend_usable(Backend backend, const Environment& env) {
   if (!is_available(backend)) {

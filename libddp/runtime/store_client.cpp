@@ -16,6 +16,7 @@
 
 #include <ddp/errors.h>
 
+#include "comm/store_server_gone.h"
 #include "runtime/store_server.h"
 #include "runtime/store_wire.h"
 
@@ -55,6 +56,18 @@ void await(int fd, short events, Clock::time_point deadline) {
   }
 }
 
+/// The server closed or reset the connection.
+struct ConnectionLost : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Throws ConnectionLost where `error` (an errno) says the peer went away, else a runtime_error.
+[[noreturn]] void connection_failed(int error) {
+  const std::string message = fmt::format("the connection failed: {}", std::strerror(error));
+  if (error == ECONNRESET || error == EPIPE) throw ConnectionLost(message);
+  throw std::runtime_error(message);
+}
+
 void send_all(int fd, const std::vector<std::uint8_t>& bytes, Clock::time_point deadline) {
   std::size_t sent = 0;
   while (sent < bytes.size()) {
@@ -64,7 +77,7 @@ void send_all(int fd, const std::vector<std::uint8_t>& bytes, Clock::time_point 
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       await(fd, POLLOUT, deadline);
     } else if (errno != EINTR) {
-      throw std::runtime_error(fmt::format("the connection failed: {}", std::strerror(errno)));
+      connection_failed(errno);
     }
   }
 }
@@ -76,11 +89,11 @@ void receive_exactly(int fd, std::uint8_t* into, std::size_t size, Clock::time_p
     if (n > 0) {
       received += static_cast<std::size_t>(n);
     } else if (n == 0) {
-      throw std::runtime_error("the store closed the connection (rank 0 has probably exited)");
+      throw ConnectionLost("the store closed the connection");
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       await(fd, POLLIN, deadline);
     } else if (errno != EINTR) {
-      throw std::runtime_error(fmt::format("the connection failed: {}", std::strerror(errno)));
+      connection_failed(errno);
     }
   }
 }
@@ -95,8 +108,10 @@ std::vector<std::uint8_t> receive_frame(int fd, Clock::time_point deadline) {
   return payload;
 }
 
-/// A connected socket to one of `host`'s addresses, or -1 with `error` set.
-int try_connect(const std::string& host, std::uint16_t port, Clock::time_point deadline, std::string& error) {
+/// A connected socket to one of `host`'s addresses, or -1 with `error` set
+/// and `refused` telling whether the last address refused the connection.
+int try_connect(const std::string& host, std::uint16_t port, Clock::time_point deadline, std::string& error,
+                bool& refused) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -131,6 +146,7 @@ int try_connect(const std::string& host, std::uint16_t port, Clock::time_point d
       return fd;
     }
     error = std::strerror(errno);
+    refused = errno == ECONNREFUSED;
     ::close(fd);
   }
   return -1;
@@ -157,11 +173,15 @@ void StoreClient::disconnect() {
 void StoreClient::connect(std::chrono::milliseconds timeout) {
   const Clock::time_point deadline = deadline_after(timeout);
   std::string error = "nothing listens there";
+  bool refused = false;
   auto pause = std::chrono::milliseconds(10);
   // Rank 0 may not listen yet: keep trying until the deadline.
-  while ((fd_ = try_connect(address_.host, address_.port, deadline, error)) < 0) {
+  while ((fd_ = try_connect(address_.host, address_.port, deadline, error, refused)) < 0) {
     if (Clock::now() + pause >= deadline) {
-      throw Error(fmt::format("cannot reach the store at {}:{}: {}", address_.host, address_.port, error));
+      const std::string message =
+          fmt::format("cannot reach the store at {}:{}: {}", address_.host, address_.port, error);
+      if (refused) throw StoreServerGone(message);
+      throw Error(message);
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(1000));
@@ -230,7 +250,10 @@ std::vector<std::uint8_t> StoreClient::request(const std::vector<std::uint8_t>& 
                             timeout.count()));
   } catch (const std::exception& e) {
     disconnect();
-    throw Error(fmt::format("the store at {}:{} failed during {}: {}", address_.host, address_.port, what, e.what()));
+    const std::string message =
+        fmt::format("the store at {}:{} failed during {}: {}", address_.host, address_.port, what, e.what());
+    if (dynamic_cast<const ConnectionLost*>(&e) != nullptr) throw StoreServerGone(message);
+    throw Error(message);
   }
 }
 

@@ -227,12 +227,40 @@ TEST(GlooFailures, AStoppedRankZeroIsNamedInBoundedTime) {
         const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
         require(seconds < 2 + 5 + 3, "rank 1 reported after " + std::to_string(seconds) + " s");
         require_contains(message, "timed out after 2000 ms");
-        require_contains(message, "rank 0 is stopped, hung or has exited, and is the suspect");
+        require_contains(message, "rank 0 is stopped or hung, and is the suspect");
       },
       options);
   ASSERT_EQ(outcomes.size(), 2u);
   EXPECT_EQ(outcomes[1].exit_code, 0) << outcomes[1].error;
   EXPECT_EQ(outcomes[0].signal, SIGKILL) << "rank 0 was not stopped until rank 1 ended it";
+}
+
+// A rank 0 that has exited (it failed, or it left after reporting another
+// rank's failure) took the store with it: the survivor's report says so
+// instead of calling rank 0 stopped or hung.
+TEST(GlooFailures, ARankZeroThatExitedIsReportedAsExited) {
+  RunOptions options;
+  options.env = {{"DDP_TIMEOUT", "2"}};
+  const auto outcomes = run_ranks(
+      2,
+      [](int rank) {
+        auto pg = ddp::init(ddp::InitOptions().backend(ddp::Backend::kGloo));
+        auto& comm = pg->communicator();
+        check_all_reduce(comm, at::kFloat, 10, ddp::ReduceOp::kSum);
+        if (rank == 0) std::_Exit(0);
+        std::this_thread::sleep_for(500ms);  // rank 0's process, and its store, are gone by then
+        const auto start = Clock::now();
+        const std::string message = collective_error_of([&] {
+          at::Tensor tensor = at::ones({10});
+          comm.all_reduce(tensor)->wait();
+        });
+        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        require(seconds < 2 + 5 + 3, "rank 1 reported after " + std::to_string(seconds) + " s");
+        require_contains(message, "all_reduce #2");
+        require_contains(message, "is gone: rank 0 has exited");
+      },
+      options);
+  expect_all_succeeded(outcomes);
 }
 
 TEST(GlooFailures, CollectivesInADifferentOrderAreReported) {
