@@ -87,11 +87,10 @@ std::string ProgressBoard::describe_peers(std::uint64_t sequence, const std::str
     }
     records = future.get();
   } catch (const StoreServerGone& e) {
-    // Rank 0 may have failed first, or left after reporting another rank's
-    // failure: its own report (or ddprun's) says which.
     return fmt::format(
-        "\n  the rendezvous store, which rank 0 serves at MASTER_ADDR:MASTER_PORT, is gone: rank 0 has exited, "
-        "so the other ranks' progress cannot be read here; rank 0's report, or ddprun's, says why it exited ({})",
+        "\n  the rendezvous store, which rank 0 serves at MASTER_ADDR:MASTER_PORT, is gone: rank 0 has exited or "
+        "shut down its process group (it failed, finished or returned early, or left after another rank's "
+        "failure), so the other ranks' progress cannot be read here; rank 0's output says which ({})",
         first_line_of(e));
   } catch (const std::exception& e) {
     return fmt::format(

@@ -112,6 +112,7 @@ std::vector<std::uint8_t> receive_frame(int fd, Clock::time_point deadline) {
 /// and `refused` telling whether the last address refused the connection.
 int try_connect(const std::string& host, std::uint16_t port, Clock::time_point deadline, std::string& error,
                 bool& refused) {
+  refused = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -126,7 +127,10 @@ int try_connect(const std::string& host, std::uint16_t port, Clock::time_point d
   for (const addrinfo* address = found; address != nullptr; address = address->ai_next) {
     const int fd =
         ::socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, address->ai_protocol);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      error = fmt::format("socket() failed: {}", std::strerror(errno));
+      continue;
+    }
     // Non-blocking, so that an unreachable host costs the deadline, not the kernel's two minutes.
     int result = ::connect(fd, address->ai_addr, address->ai_addrlen);
     if (result != 0 && errno == EINPROGRESS) {
@@ -192,8 +196,10 @@ void StoreClient::connect(std::chrono::milliseconds timeout) {
     verdict_payload = receive_frame(fd_, deadline);
   } catch (const std::exception& e) {
     disconnect();
-    throw Error(
-        fmt::format("the store at {}:{} did not answer this rank's hello: {}", address_.host, address_.port, e.what()));
+    const std::string message =
+        fmt::format("the store at {}:{} did not answer this rank's hello: {}", address_.host, address_.port, e.what());
+    if (dynamic_cast<const ConnectionLost*>(&e) != nullptr) throw StoreServerGone(message);
+    throw Error(message);
   }
   Reader reader(verdict_payload);
   const auto verdict = static_cast<Verdict>(reader.u8());
