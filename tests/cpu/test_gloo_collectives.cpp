@@ -196,6 +196,19 @@ INSTANTIATE_TEST_SUITE_P(GlooFailures, GlooStalledRank, ::testing::Bool(), [](co
   return info.param ? "WaitingAfterTheBackendTimedOut" : "WaitingAtOnce";
 });
 
+// Rank 1's all-reduce once rank 0 cannot answer (DDP_TIMEOUT=2): the report
+// must come within the timeout plus the store's few seconds.
+std::string report_of_an_all_reduce_without_rank_zero(ddp::Communicator& comm) {
+  const auto start = Clock::now();
+  const std::string message = collective_error_of([&] {
+    at::Tensor tensor = at::ones({10});
+    comm.all_reduce(tensor)->wait();
+  });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  require(seconds < 2 + 5 + 3, "rank 1 reported after " + std::to_string(seconds) + " s");
+  return message;
+}
+
 // A stopped rank 0 (kill -STOP) stops the rendezvous store it serves too: the
 // rank whose collective times out must still report within the timeout plus
 // a few seconds, naming rank 0, instead of waiting on the store. The timeout
@@ -219,13 +232,7 @@ TEST(GlooFailures, AStoppedRankZeroIsNamedInBoundedTime) {
           pid_t pid;
           ~KillRank0() { ::kill(pid, SIGKILL); }
         } kill_rank0{static_cast<pid_t>(rank0_pid.item<std::int64_t>())};
-        const auto start = Clock::now();
-        const std::string message = collective_error_of([&] {
-          at::Tensor tensor = at::ones({10});
-          comm.all_reduce(tensor)->wait();
-        });
-        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        require(seconds < 2 + 5 + 3, "rank 1 reported after " + std::to_string(seconds) + " s");
+        const std::string message = report_of_an_all_reduce_without_rank_zero(comm);
         require_contains(message, "timed out after 2000 ms");
         require_contains(message, "rank 0 is stopped or hung, and is the suspect");
       },
@@ -249,13 +256,7 @@ TEST(GlooFailures, ARankZeroThatExitedIsReportedAsExited) {
         check_all_reduce(comm, at::kFloat, 10, ddp::ReduceOp::kSum);
         if (rank == 0) std::_Exit(0);
         std::this_thread::sleep_for(500ms);  // rank 0's process, and its store, are gone by then
-        const auto start = Clock::now();
-        const std::string message = collective_error_of([&] {
-          at::Tensor tensor = at::ones({10});
-          comm.all_reduce(tensor)->wait();
-        });
-        const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        require(seconds < 2 + 5 + 3, "rank 1 reported after " + std::to_string(seconds) + " s");
+        const std::string message = report_of_an_all_reduce_without_rank_zero(comm);
         require_contains(message, "all_reduce #2");
         require_contains(message, "is gone: rank 0 has exited");
       },
