@@ -20,6 +20,7 @@
 
 #include <ddp/errors.h>
 
+#include "comm/store_server_gone.h"
 #include "launcher/ports.h"
 #include "runtime/store_client.h"
 #include "runtime/store_server.h"
@@ -143,6 +144,35 @@ TEST(Store, AWaitForAKeyThatNeverComesFailsAtItsDeadlineNamingTheKey) {
   EXPECT_LT(took, 2000ms);
   client->set("after", bytes_of("1"));  // the client reconnects after a timed-out request
   EXPECT_EQ(client->get("after"), bytes_of("1"));
+}
+
+// A failing rank's report tells a rank 0 that is gone (its store closed the
+// connection, or nothing listens any more) from one that is stopped or hung
+// (its port accepts, nobody answers): only the first is StoreServerGone.
+TEST(Store, AStoreThatIsGoneIsToldFromOneThatDoesNotAnswer) {
+  Job job;
+  auto waiting = job.client();
+  auto idle = job.client();
+  idle->set("a", bytes_of("one"));
+  std::thread exit_rank_zero([&] {
+    std::this_thread::sleep_for(200ms);
+    job.server.reset();
+  });
+  EXPECT_THROW(waiting->wait({"never"}, 5000ms), StoreServerGone) << "the server closed the connection";
+  exit_rank_zero.join();
+  EXPECT_THROW(idle->get("a"), StoreServerGone) << "the server reset the connection";
+  EXPECT_THROW(job.client(300ms), StoreServerGone) << "nothing listens there";
+
+  // Listening, never accepting: the kernel completes the connection, the hello gets no answer.
+  const auto stopped = launcher::ReservedPort::on_loopback();
+  try {
+    StoreClient({"127.0.0.1", static_cast<std::uint16_t>(stopped.port())}, {"job-a", "secret-a"}, 300ms);
+    ADD_FAILURE() << "a store that does not answer let the client in";
+  } catch (const StoreServerGone& e) {
+    ADD_FAILURE() << "a store that does not answer was called gone: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("did not answer this rank's hello"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Store, AClientWithTheWrongTokenOrOfAnotherJobIsRefusedNamingWhy) {
