@@ -49,9 +49,16 @@ ProgressBoard::ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string 
       reconnect_(std::move(reconnect)) {}
 
 void ProgressBoard::publish(const Progress& progress) noexcept {
+  if (store_gone_) return;
   try {
+    if (!publisher_) publisher_ = reconnect_ ? reconnect_() : store_;
     const std::string value = encode(progress);
-    store_->set(key_prefix_ + std::to_string(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+    publisher_->set(key_prefix_ + std::to_string(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+  } catch (const StoreServerGone&) {
+    // Rank 0 does not come back: each later try would wait out the
+    // connection's timeout, and the watchdog, which checks the collectives'
+    // deadlines between publishes, with it.
+    store_gone_ = true;
   } catch (...) {
   }
 }

@@ -26,15 +26,17 @@ class ProgressBoard {
   /// left waiting holds no lock the other threads need).
   using Reconnect = std::function<c10::intrusive_ptr<c10d::Store>()>;
 
-  /// `reconnect` (may be empty: the shared client is read) serves
-  /// describe_peers(), which gives the store a few seconds to answer: a
-  /// failing rank's report must not wait on a store whose server, rank 0,
-  /// is stopped or hung.
+  /// `reconnect` (may be empty: the shared client serves) gives publish()
+  /// and describe_peers() connections of their own that wait a few seconds
+  /// for the store: the watchdog that publishes, and a failing rank's
+  /// report, must not wait on a store whose server, rank 0, is stopped or
+  /// hung.
   ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int world_size,
                 Reconnect reconnect = nullptr);
 
   /// Publishes this rank's progress. Store failures are swallowed: progress
-  /// reports are diagnostics and must never be the cause of an error.
+  /// reports are diagnostics and must never be the cause of an error. Once
+  /// the store is gone (rank 0 exited) it publishes nothing more.
   void publish(const Progress& progress) noexcept;
 
   /// One line per other rank, saying how far it got relative to collective
@@ -51,6 +53,8 @@ class ProgressBoard {
   int rank_;
   int world_size_;
   Reconnect reconnect_;
+  c10::intrusive_ptr<c10d::Store> publisher_;  // made by the first publish()
+  bool store_gone_ = false;
 };
 
 }  // namespace ddp::detail

@@ -20,6 +20,7 @@
 
 #include <ddp/errors.h>
 
+#include "comm/progress_board.h"
 #include "comm/store_server_gone.h"
 #include "launcher/ports.h"
 #include "runtime/store_client.h"
@@ -172,6 +173,29 @@ TEST(Store, AStoreThatIsGoneIsToldFromOneThatDoesNotAnswer) {
     ADD_FAILURE() << "a store that does not answer was called gone: " << e.what();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("did not answer this rank's hello"), std::string::npos) << e.what();
+  }
+}
+
+// The watchdog publishes its rank's progress between its checks of the
+// collectives' deadlines: once rank 0, and with it the store, is gone, a
+// publish returns at once instead of trying to reconnect for the store's
+// whole timeout while a collective's deadline passes unseen.
+TEST(Store, ProgressIsNoLongerPublishedOnceTheStoreIsGone) {
+  Job job;
+  const auto client = [&job](std::chrono::milliseconds timeout) {
+    return c10::intrusive_ptr<c10d::Store>(
+        c10::make_intrusive<StoreClient>(job.address(), StoreClient::Credentials{"job-a", "secret-a"}, timeout));
+  };
+  ProgressBoard board(client(20000ms), "progress/", 1, 2, [&client] { return client(3000ms); });
+  const auto progress = [](std::uint64_t issued) { return Progress{issued, "all_reduce", issued - 1, "all_reduce"}; };
+  board.publish(progress(1));
+  EXPECT_EQ(job.client()->get("progress/1"), bytes_of("1 all_reduce 0 all_reduce"));
+  job.server.reset();
+  for (std::uint64_t issued = 2; issued < 6; ++issued) {
+    const auto start = std::chrono::steady_clock::now();
+    board.publish(progress(issued));
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    EXPECT_LT(took.count(), 1.0) << "publish #" << issued << " took " << took.count() << " s";
   }
 }
 
