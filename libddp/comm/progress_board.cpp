@@ -46,7 +46,8 @@ ProgressBoard::ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string 
       key_prefix_(std::move(key_prefix)),
       rank_(rank),
       world_size_(world_size),
-      reconnect_(std::move(reconnect)) {}
+      reconnect_(std::move(reconnect)),
+      publisher_(store_) {}
 
 void ProgressBoard::publish(const Progress& progress) noexcept {
   if (store_gone_) return;
@@ -60,6 +61,9 @@ void ProgressBoard::publish(const Progress& progress) noexcept {
     // deadlines between publishes, with it.
     store_gone_ = true;
   } catch (...) {
+    // The shared client reconnects with the rendezvous timeout, which a
+    // stopped rank 0 would cost the watchdog.
+    publisher_.reset();
   }
 }
 

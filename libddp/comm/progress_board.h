@@ -26,11 +26,11 @@ class ProgressBoard {
   /// left waiting holds no lock the other threads need).
   using Reconnect = std::function<c10::intrusive_ptr<c10d::Store>()>;
 
-  /// `reconnect` (may be empty: the shared client serves) gives publish()
-  /// and describe_peers() connections of their own that wait a few seconds
-  /// for the store: the watchdog that publishes, and a failing rank's
-  /// report, must not wait on a store whose server, rank 0, is stopped or
-  /// hung.
+  /// `reconnect` (may be empty: the shared client serves) gives
+  /// describe_peers(), and publish() once the shared client failed, a
+  /// connection of its own that waits a few seconds for the store: a failing
+  /// rank's report, and the watchdog that publishes, must not wait on a store
+  /// whose server, rank 0, is stopped or hung.
   ProgressBoard(c10::intrusive_ptr<c10d::Store> store, std::string key_prefix, int rank, int world_size,
                 Reconnect reconnect = nullptr);
 
@@ -53,7 +53,7 @@ class ProgressBoard {
   int rank_;
   int world_size_;
   Reconnect reconnect_;
-  c10::intrusive_ptr<c10d::Store> publisher_;  // made by the first publish()
+  c10::intrusive_ptr<c10d::Store> publisher_;  // store_ until it fails
   bool store_gone_ = false;
 };
 
